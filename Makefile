@@ -1,0 +1,29 @@
+# The two commands a new user runs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+
+.PHONY: demo test bench fuzz clean
+
+$(STAMP): setup.py pyproject.toml $(wildcard infeed/*.pyx infeed/*.pxd infeed/*.h infeed/_crc32c.c)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=24"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python -m infeed.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python -m bench decode
+
+fuzz: $(STAMP)
+	$(BIN)/python -m pip install -q 'atheris>=2.3,<4'
+	$(BIN)/python tests/fuzz/fuzz_infeed.py -max_total_time=$${FUZZ_SECONDS:-60}
+
+clean:
+	rm -rf $(VENV) build *.egg-info infeed/*.so infeed/_tfrecord.c infeed/_example.c

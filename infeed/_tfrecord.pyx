@@ -1,0 +1,362 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""TFRecord framing: CRC32C, and a reader that finds and checks records in a stream.
+
+A frame is ``uint64 length | uint32 masked_crc32c(length) | data | uint32
+masked_crc32c(data)``, little-endian.  The reader keeps one large buffer
+(several MiB), fills it with ``readinto`` from any binary stream, and checks
+every frame before it yields the data.  Lengths are never trusted: nothing is
+allocated for a record until its bytes have arrived.
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
+from cpython.memoryview cimport PyMemoryView_FromMemory
+from cpython.buffer cimport PyBUF_WRITE, PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
+from libc.string cimport memcpy, memmove
+
+import logging
+
+from infeed.errors import CorruptRecordError
+
+cdef extern from "_crc32c.h":
+    uint32_t infeed_crc32c_extend(uint32_t crc, const uint8_t *data, size_t n) nogil
+    uint32_t infeed_crc32c_mask(uint32_t crc) nogil
+    uint32_t infeed_crc32c_table(uint32_t crc, const uint8_t *data, size_t n) nogil
+    const char *infeed_crc32c_impl()
+
+_log = logging.getLogger("infeed")
+
+DEF HEADER = 12
+DEF FOOTER = 4
+
+
+class CompressedStreamError(Exception):
+    """Raised by a decompressing source; the reader turns it into CorruptRecordError."""
+
+
+def crc32c(data, unsigned int crc=0):
+    """CRC32C of a bytes-like object, extending ``crc``."""
+    cdef Py_buffer view
+    cdef uint32_t out
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            out = infeed_crc32c_extend(crc, <const uint8_t *>view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+def crc32c_table(data, unsigned int crc=0):
+    """CRC32C through the portable table, whatever the CPU offers (for tests)."""
+    cdef Py_buffer view
+    cdef uint32_t out
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            out = infeed_crc32c_table(crc, <const uint8_t *>view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+def masked_crc32c(data):
+    """TFRecord's masked CRC32C of a bytes-like object."""
+    return infeed_crc32c_mask(crc32c(data))
+
+
+def crc32c_implementation():
+    """``"sse4.2"``, ``"armv8-crc"`` or ``"table"``: what this CPU uses."""
+    return infeed_crc32c_impl().decode()
+
+
+cdef inline uint64_t load_u64(const uint8_t *p) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v |= (<uint64_t>p[i]) << (8 * i)
+    return v
+
+
+cdef inline uint32_t load_u32(const uint8_t *p) noexcept nogil:
+    return (<uint32_t>p[0]) | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
+
+
+cdef inline void store_u32(uint8_t *p, uint32_t v) noexcept nogil:
+    p[0] = v & 0xff
+    p[1] = (v >> 8) & 0xff
+    p[2] = (v >> 16) & 0xff
+    p[3] = (v >> 24) & 0xff
+
+
+cdef inline bint header_ok(const uint8_t *p) noexcept nogil:
+    return infeed_crc32c_mask(infeed_crc32c_extend(0, p, 8)) == load_u32(p + 8)
+
+
+def frame(data):
+    """One TFRecord frame (header, data, footer) around a bytes-like object."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    cdef Py_ssize_t n = view.len
+    cdef bytes out
+    cdef uint8_t *o
+    cdef int i
+    try:
+        out = PyBytes_FromStringAndSize(NULL, n + HEADER + FOOTER)
+        o = <uint8_t *>PyBytes_AS_STRING(out)
+        with nogil:
+            for i in range(8):
+                o[i] = (<uint64_t>n >> (8 * i)) & 0xff
+            store_u32(o + 8, infeed_crc32c_mask(infeed_crc32c_extend(0, o, 8)))
+            memcpy(o + HEADER, view.buf, n)
+            store_u32(o + HEADER + n, infeed_crc32c_mask(infeed_crc32c_extend(0, <const uint8_t *>view.buf, n)))
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+def looks_like_tfrecord(head):
+    """True when ``head`` (at least 12 bytes) starts with a valid TFRecord header."""
+    cdef const uint8_t[:] b = head
+    if b.shape[0] < HEADER:
+        return False
+    return header_ok(&b[0])
+
+
+cdef class RecordReader:
+    """Iterates over the records of one TFRecord stream, checking both CRCs.
+
+    ``source`` is a binary stream with ``readinto`` (or ``read``); ``size`` is
+    its length in bytes when known (uncompressed files), else -1.  Each damaged
+    record raises :class:`infeed.CorruptRecordError`, and the reader yields
+    nothing after it.  With ``skip_corrupt=True`` it instead resynchronises to
+    the next offset where both CRCs verify, logs a warning and counts what it
+    skipped in ``skipped_regions`` and ``skipped_bytes``.
+    """
+
+    cdef object source
+    cdef object _readinto
+    cdef uint8_t *buf
+    cdef Py_ssize_t cap, start, end, chunk
+    cdef int64_t buf_offset      # stream offset of buf[0]
+    cdef bint eof
+    cdef object error
+    cdef readonly str path
+    cdef readonly int64_t size
+    cdef readonly int64_t records_read
+    cdef readonly bint skip_corrupt
+    cdef readonly int64_t skipped_regions
+    cdef readonly int64_t skipped_bytes
+
+    def __cinit__(self, source, str path, int64_t size=-1, bint skip_corrupt=False,
+                  Py_ssize_t buffer_size=8 << 20):
+        if buffer_size < 64:
+            raise ValueError(f"buffer_size must be at least 64 bytes, got {buffer_size}")
+        self.source = source
+        self._readinto = getattr(source, "readinto", None)
+        self.path = path
+        self.size = size
+        self.skip_corrupt = skip_corrupt
+        self.chunk = buffer_size
+        self.cap = buffer_size if size < 0 or size + 1 > buffer_size else max(<Py_ssize_t>size + 1, 64)
+        self.buf = <uint8_t *>PyMem_Malloc(self.cap)
+        if self.buf == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        PyMem_Free(self.buf)
+
+    def __iter__(self):
+        return self
+
+    def tell(self):
+        """Stream offset of the next record."""
+        return self.buf_offset + self.start
+
+    def close(self):
+        """Closes the underlying stream."""
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    cdef int _fill(self) except -1:
+        """Reads more bytes after ``end``; sets ``eof`` when the stream is done."""
+        cdef Py_ssize_t got = 0
+        if self.start > 0 and (self.end == self.cap or self.start >= self.cap // 2):
+            memmove(self.buf, self.buf + self.start, self.end - self.start)
+            self.buf_offset += self.start
+            self.end -= self.start
+            self.start = 0
+        if self.end == self.cap:
+            self._grow(self.cap * 2)
+        view = PyMemoryView_FromMemory(<char *>self.buf + self.end, self.cap - self.end, PyBUF_WRITE)
+        try:
+            if self._readinto is not None:
+                got = self._readinto(view) or 0
+            else:
+                data = self.source.read(self.cap - self.end)
+                got = len(data)
+                view[:got] = data
+        except CompressedStreamError as e:
+            self._fail(self.records_read, self.buf_offset + self.start, "compressed_stream",
+                       f"{e}; the last good record is {self.records_read - 1}")
+        finally:
+            view.release()
+        if got == 0:
+            self.eof = True
+        self.end += got
+        return 0
+
+    cdef int _grow(self, Py_ssize_t want) except -1:
+        cdef uint8_t *p = <uint8_t *>PyMem_Realloc(self.buf, want)
+        if p == NULL:
+            raise MemoryError(f"{self.path}: cannot buffer a record of {want} bytes")
+        self.buf = p
+        self.cap = want
+        return 0
+
+    cdef int _ensure(self, Py_ssize_t need) except -1:
+        """Makes ``need`` bytes available from ``start``, unless the stream ends first.
+
+        The buffer grows only as data arrives (at most doubling), so a bogus
+        length never allocates more than twice what the stream really holds.
+        """
+        while self.end - self.start < need and not self.eof:
+            if self.start + need > self.cap and self.start > 0:
+                memmove(self.buf, self.buf + self.start, self.end - self.start)
+                self.buf_offset += self.start
+                self.end -= self.start
+                self.start = 0
+            if need > self.cap and self.end == self.cap:
+                self._grow(min(need, self.cap * 2))
+            self._fill()
+        return 0
+
+    cdef int _fail(self, int64_t index, int64_t offset, str kind, str detail) except -1:
+        err = CorruptRecordError(self.path, index, offset, kind, detail)
+        self.error = err
+        raise err
+
+    cdef str _hint(self):
+        cdef const uint8_t *p = self.buf + self.start
+        cdef Py_ssize_t avail = self.end - self.start
+        if self.buf_offset + self.start != 0:
+            return ""
+        if avail >= 2 and p[0] == 0x1f and p[1] == 0x8b:
+            return "; the file starts like GZIP: read it with compression='GZIP'"
+        if avail >= 2 and p[0] == 0x78 and ((p[0] << 8) | p[1]) % 31 == 0:
+            return "; the file starts like a ZLIB stream: read it with compression='ZLIB'"
+        if avail >= 3 and p[0] == 0xff and p[1] == 0xd8 and p[2] == 0xff:
+            return "; the file is a JPEG image, not a TFRecord file"
+        return "; is this a TFRecord file?"
+
+    def __next__(self):
+        cdef uint64_t length
+        cdef Py_ssize_t avail
+        cdef int64_t offset, total, left
+        cdef const uint8_t *p
+        cdef uint32_t want, got
+        if self.error is not None:
+            raise self.error
+        while True:
+            self._ensure(HEADER)
+            avail = self.end - self.start
+            offset = self.buf_offset + self.start
+            if avail == 0:
+                raise StopIteration
+            if avail < HEADER:
+                if self._corrupt(offset, "truncated_header",
+                                 f"{avail} of {HEADER} header bytes before the end of the file"):
+                    continue
+                raise StopIteration
+            p = self.buf + self.start
+            if not header_ok(p):
+                if self._corrupt(offset, "length_crc", f"length field reads {load_u64(p)}, CRC stored "
+                                 + hex(load_u32(p + 8)) + ", computed "
+                                 + hex(infeed_crc32c_mask(infeed_crc32c_extend(0, p, 8))) + self._hint()):
+                    continue
+                raise StopIteration
+            length = load_u64(p)
+            left = self.size - offset - HEADER - FOOTER
+            if self.size >= 0 and (left < 0 or length > <uint64_t>left):
+                total = self.size
+                if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
+                                 f"length {length}, {total - offset - HEADER} bytes left after the header"):
+                    continue
+                raise StopIteration
+            if length > (<uint64_t>1 << 62):
+                if self._corrupt(offset, "length_exceeds_file", f"length {length}"):
+                    continue
+                raise StopIteration
+            self._ensure(HEADER + <Py_ssize_t>length + FOOTER)
+            avail = self.end - self.start
+            if avail < HEADER + <Py_ssize_t>length + FOOTER:
+                total = self.buf_offset + self.end
+                if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
+                                 f"length {length}, {avail - HEADER} bytes left after the header"):
+                    continue
+                raise StopIteration
+            p = self.buf + self.start
+            with nogil:
+                want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, length))
+            got = load_u32(p + HEADER + length)
+            if want != got:
+                if self._corrupt(offset, "data_crc", f"stored {hex(got)}, computed {hex(want)}"):
+                    continue
+                raise StopIteration
+            out = PyBytes_FromStringAndSize(<const char *>p + HEADER, <Py_ssize_t>length)
+            self.start += HEADER + <Py_ssize_t>length + FOOTER
+            self.records_read += 1
+            return out
+
+    def read_batch(self, Py_ssize_t max_records):
+        """Up to ``max_records`` records as a list (empty at the end of the stream)."""
+        out = []
+        for rec in self:
+            out.append(rec)
+            if len(out) >= max_records:
+                break
+        return out
+
+    cdef bint _corrupt(self, int64_t offset, str kind, str detail) except -1:
+        """Raises, or with skip_corrupt resynchronises: True when a good record follows."""
+        if not self.skip_corrupt:
+            self._fail(self.records_read, offset, kind, detail)
+        err = CorruptRecordError(self.path, self.records_read, offset, kind, detail)
+        cdef int64_t skipped = self._resync()
+        self.skipped_regions += 1
+        self.skipped_bytes += skipped
+        _log.warning("%s; skipped %d bytes to the next good record", err, skipped)
+        return True
+
+    cdef int64_t _resync(self) except -1:
+        """Moves ``start`` past the damage to the next offset where a whole frame verifies."""
+        cdef int64_t begin = self.buf_offset + self.start
+        cdef const uint8_t *p
+        cdef uint64_t length
+        cdef Py_ssize_t need
+        self.start += 1
+        while True:
+            self._ensure(HEADER)
+            if self.end - self.start < HEADER:
+                self.start = self.end          # nothing valid before the end
+                return self.buf_offset + self.start - begin
+            p = self.buf + self.start
+            if header_ok(p):
+                length = load_u64(p)
+                if length <= (<uint64_t>1 << 62) and (self.size < 0 or
+                        length + HEADER + FOOTER <= <uint64_t>(self.size - self.buf_offset - self.start)):
+                    need = HEADER + <Py_ssize_t>length + FOOTER
+                    self._ensure(need)
+                    p = self.buf + self.start
+                    if self.end - self.start >= need and infeed_crc32c_mask(
+                            infeed_crc32c_extend(0, p + HEADER, length)) == load_u32(p + HEADER + length):
+                        return self.buf_offset + self.start - begin
+            self.start += 1

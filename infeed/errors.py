@@ -1,0 +1,71 @@
+"""The errors infeed raises: one type per failure a user can act on."""
+
+from __future__ import annotations
+
+__all__ = ["InfeedError", "CorruptRecordError", "DecodeError", "CORRUPTION_KINDS"]
+
+#: What `CorruptRecordError.kind` can be, and what each means.
+CORRUPTION_KINDS = {
+    "length_crc": "the CRC of the record's length field does not match",
+    "data_crc": "the CRC of the record's data does not match",
+    "truncated_header": "the file ends inside a record header",
+    "truncated_data": "the file ends inside the record's data",
+    "length_exceeds_file": "the length field (with a valid CRC) is larger than the whole file",
+    "compressed_stream": "the compressed stream is damaged or cut short",
+}
+
+
+class InfeedError(Exception):
+    """Base class of every error infeed raises on purpose."""
+
+
+class CorruptRecordError(InfeedError):
+    """A TFRecord file is damaged.
+
+    Attributes: ``path``, ``record_index`` (0-based index of the damaged record),
+    ``offset`` (byte offset where that record starts in the uncompressed stream),
+    ``kind`` (a key of :data:`CORRUPTION_KINDS`) and ``detail``.
+    """
+
+    def __init__(self, path: str, record_index: int, offset: int, kind: str, detail: str = ""):
+        self.path = path
+        self.record_index = record_index
+        self.offset = offset
+        self.kind = kind
+        self.detail = detail
+        what = CORRUPTION_KINDS.get(kind, kind)
+        msg = f"{path}: corrupt record {record_index} at byte offset {offset}: {what}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.record_index, self.offset, self.kind, self.detail))
+
+
+class DecodeError(InfeedError, ValueError):
+    """A record is not a ``tf.train.Example`` that meets the feature spec.
+
+    Attributes: ``feature`` (name, or None for damage outside any feature),
+    ``record_index``, ``expected``, ``found``, and where known ``path`` and
+    ``offset`` (the byte offset inside the record, or of the record in its file).
+    """
+
+    def __init__(self, feature, record_index, expected, found, path=None, offset=None):
+        self.feature = feature
+        self.record_index = record_index
+        self.expected = expected
+        self.found = found
+        self.path = path
+        self.offset = offset
+        where = f"record {record_index}"
+        if path is not None:
+            where = f"{path}: {where}"
+        if offset is not None:
+            where += f" (byte {offset})"
+        what = f"feature {feature!r}" if feature is not None else "record"
+        super().__init__(f"{where}: {what}: expected {expected}, found {found}")
+
+    def __reduce__(self):
+        return (type(self), (self.feature, self.record_index, self.expected, self.found,
+                             self.path, self.offset))

@@ -1,0 +1,40 @@
+"""Build: the Python packages and infeed's Cython extensions (`pip install -e .`)."""
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, find_packages, setup
+
+COMPILE_ARGS = ["-O3", "-fno-strict-aliasing"]
+
+extensions = [
+    Extension("infeed._tfrecord", ["infeed/_tfrecord.pyx", "infeed/_crc32c.c"],
+              include_dirs=["infeed"], extra_compile_args=COMPILE_ARGS),
+    Extension("infeed._example", ["infeed/_example.pyx"],
+              include_dirs=[numpy.get_include()], extra_compile_args=COMPILE_ARGS,
+              define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]),
+]
+
+setup(
+    name="tpu-estimator-jax",
+    version="0.1.0",
+    description="TPUEstimator's ideas on JAX and XLA: TFRecord infeed, compiled loops, estimator",
+    python_requires=">=3.11",
+    packages=find_packages(include=["infeed", "infeed.*", "xla_runtime", "xla_runtime.*",
+                                    "estimator", "estimator.*", "bench", "bench.*"]),
+    ext_modules=cythonize(extensions, language_level=3,
+                          compiler_directives={"embedsignature": True}),
+    package_data={"infeed": ["*.pyx", "*.pxd", "*.h"]},
+    install_requires=[
+        "jax==0.10.2",
+        "jaxlib==0.10.2",
+        "numpy>=2.0,<3",
+        "pyarrow>=16,<27",
+    ],
+    extras_require={
+        "dev": ["pytest>=8,<10", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7"],
+        "bench": ["matplotlib>=3.8,<4"],
+        "tf": ["tensorflow-cpu==2.21.0"],
+        "fuzz": ["atheris>=2.3,<4"],
+    },
+    entry_points={"console_scripts": ["infeed=infeed.cli:main"]},
+)
