@@ -12,8 +12,10 @@ Messages (field numbers in brackets)::
 
 Protobuf merge rules are followed exactly: a message split in parts is merged,
 a repeated map key keeps its last entry, a oneof keeps its last kind, and
-packed and unpacked values of one list are concatenated.  Unknown fields are
-skipped.  Every length is checked against the end of its enclosing message
+packed and unpacked values of one list are concatenated (TensorFlow keeps only
+the packed run there; the specification says concatenate).  Unknown fields are
+skipped.  A Feature with no kind set, or an empty list of another kind than the
+spec's, holds no value and reads as an empty list.  Every length is checked against the end of its enclosing message
 before it is used: no read ever leaves the record.
 
 Bounds: every pointer below moves only after a check against ``end`` that is
@@ -485,11 +487,26 @@ cdef int decode_row(const uint8_t *rec, Py_ssize_t n, Plan *plan, int nfeat, con
             err.code = E_MALFORMED
             return -1
         if kind != pl.kind and kind != KIND_NONE:
-            err.code = E_KIND
-            err.found_kind = kind
-            return -1
+            # An empty list of another kind holds no value to misread: it is an empty list.
+            if kind == KIND_BYTES:
+                r = each_bytes(found[i], run_start, &first, &count, err)
+            else:
+                sink.dst = NULL
+                sink.cap = 0
+                sink.count = 0
+                r = fill_numbers(found[i], kind, run_start, &sink, err)
+                count = sink.count
+            if r < 0:
+                err.code = E_MALFORMED
+                return -1
+            if count != 0:
+                err.code = E_KIND
+                err.found_kind = kind
+                return -1
+            kind = KIND_NONE
         if pl.layout == LAYOUT_BYTES:
-            if each_bytes(found[i], run_start, &first, &count, err) < 0:
+            count = 0
+            if kind != KIND_NONE and each_bytes(found[i], run_start, &first, &count, err) < 0:
                 err.code = E_MALFORMED
                 return -1
             if count != 1:
@@ -707,14 +724,13 @@ cdef class CompiledSpec:
                                f"{KIND_NAMES.get(err.found_kind, err.found_kind)} values", offset=offset)
         if err.code == E_COUNT:
             unit = "value" if err.expected == 1 else "values"
-            return DecodeError(name, index, f"{err.expected} {kind} {unit}",
-                               f"{err.found}", offset=offset)
+            return DecodeError(name, index, f"{err.expected} {kind} {unit}", err.found, offset=offset)
         if err.code == E_TOO_LONG:
             unit = "bytes" if layout == "bytes" else "values"
             return DecodeError(name, index, f"at most {err.expected} {unit} (pass truncate=True to cut)",
-                               f"{err.found}", offset=offset)
+                               err.found, offset=offset)
         if err.code == E_RANGE:
-            return DecodeError(name, index, f"values that fit {dtype}", f"{err.found}", offset=offset)
+            return DecodeError(name, index, f"values that fit {dtype}", err.found, offset=offset)
         return DecodeError(name, index, "a valid record", f"error code {err.code}", offset=offset)
 
 

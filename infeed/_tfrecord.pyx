@@ -205,8 +205,9 @@ cdef class RecordReader:
                 got = len(data)
                 view[:got] = data
         except CompressedStreamError as e:
-            self._fail(self.records_read, self.buf_offset + self.start, "compressed_stream",
-                       f"{e}; the last good record is {self.records_read - 1}")
+            last = (f"the last good record is {self.records_read - 1}" if self.records_read
+                    else "no record was read before it")
+            self._fail(self.records_read, self.buf_offset + self.start, "compressed_stream", f"{e}; {last}")
         finally:
             view.release()
         if got == 0:

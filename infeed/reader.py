@@ -34,7 +34,7 @@ def open_input(path: str):
     info = fs.get_file_info(inner)
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"no such file: {path}")
-    return fs.open_input_stream(inner, buffer_size=None), (info.size if info.size is not None else -1)
+    return fs.open_input_stream(inner, compression=None), (info.size if info.size is not None else -1)
 
 
 def open_output(path: str):

@@ -1,0 +1,14 @@
+import os
+from pathlib import Path
+
+import pytest
+
+#: TensorFlow-written conformance files, beside the project's checkout.
+FIXTURES = Path(os.environ.get("INFEED_FIXTURES", Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "tfrecord"))
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    if not (FIXTURES / "expected.json").exists():
+        pytest.skip(f"TensorFlow fixtures not found at {FIXTURES} (set INFEED_FIXTURES)")
+    return FIXTURES
