@@ -639,6 +639,7 @@ cdef class CompiledSpec:
         ``lengths[i]`` is an int32 array (VarLen, Bytes) or None.  Raises
         DecodeError naming the feature and ``index_base + i``.
         """
+        records = tuple(records)     # the pointers below must outlive any change to the caller's list
         cdef Py_ssize_t nrec = len(records)
         cdef Py_ssize_t i, r, rows
         cdef cnp.ndarray arr
