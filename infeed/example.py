@@ -166,6 +166,8 @@ def _feature(name, value) -> bytes:
         packed = _example.encode_varints(arr.astype(np.int64).ravel())
         return _len_prefixed(0x1A, _len_prefixed(0x0A, packed) if packed else b"")   # int64_list [3]
     if arr.dtype.kind in "SO":
+        if arr.size == 0:
+            return _len_prefixed(0x0A, b"")                                               # empty bytes_list [1]
         return _feature(name, [bytes(v) for v in arr.ravel()])
     raise TypeError(f"feature {name!r}: cannot encode dtype {arr.dtype}")
 

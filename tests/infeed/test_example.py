@@ -25,6 +25,10 @@ def test_encode_example_picks_kinds_from_types():
     assert got["a"][0] == "int64" and got["b"][1].tolist() == [1]
     assert got["c"] == ("float", got["c"][1]) and got["c"][1].tolist() == [2.5]
     assert got["d"][0] == "float" and len(got["d"][1]) == 0
+    empty = infeed.decode_example(ex(b=np.array([], dtype=object), s=np.array([], dtype="S1"),
+                                     i=np.array([], dtype=np.int64)))
+    assert empty == {"b": ("bytes", []), "s": ("bytes", []), "i": ("int64", empty["i"][1])}
+    assert empty["i"][1].dtype == np.int64 and len(empty["i"][1]) == 0
 
 
 def test_encode_example_refuses_what_it_cannot_represent():
