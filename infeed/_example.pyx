@@ -137,6 +137,7 @@ cdef int skip_field(Cursor *c, uint32_t field, int wire, Error *err) noexcept no
     cdef uint32_t f
     cdef int w
     cdef int depth
+    cdef uint32_t open_fields[MAX_GROUP_DEPTH]
     if wire == 0:
         return read_varint(c, &v, err)
     if wire == 1:
@@ -153,8 +154,9 @@ cdef int skip_field(Cursor *c, uint32_t field, int wire, Error *err) noexcept no
             return -1
         c.p += 4
         return 0
-    if wire == 3:  # a group: skip to its matching end tag
+    if wire == 3:  # a group: skip to its matching end tag, each nested end matching its start
         depth = 1
+        open_fields[0] = field
         while True:
             if c.p >= c.end:
                 err.what = "group without its end tag"
@@ -162,16 +164,17 @@ cdef int skip_field(Cursor *c, uint32_t field, int wire, Error *err) noexcept no
             if read_tag(c, &f, &w, err) < 0:
                 return -1
             if w == 3:
-                depth += 1
-                if depth > MAX_GROUP_DEPTH:
+                if depth == MAX_GROUP_DEPTH:
                     err.what = "groups nested too deep"
                     return -1
+                open_fields[depth] = f
+                depth += 1
             elif w == 4:
                 depth -= 1
+                if f != open_fields[depth]:
+                    err.what = "group end tag does not match its start"
+                    return -1
                 if depth == 0:
-                    if f != field:
-                        err.what = "group end tag does not match its start"
-                        return -1
                     return 0
             elif skip_field(c, f, w, err) < 0:
                 return -1
@@ -773,7 +776,8 @@ def decode_example(record, Py_ssize_t record_index=0):
             try:
                 name = name_bytes.decode("utf-8")
             except UnicodeDecodeError:
-                raise DecodeError(None, record_index, "a UTF-8 feature name", repr(name_bytes),
+                shown = repr(name_bytes[:40]) + (f"... ({len(name_bytes)} bytes)" if len(name_bytes) > 40 else "")
+                raise DecodeError(None, record_index, "a UTF-8 feature name", shown,
                                   offset=key.p - <const uint8_t *>view.buf) from None
             entries.pop(name, None)            # last wins, in the order of the last entry
             entries[name] = (entry.p - <const uint8_t *>view.buf, entry.end - entry.p)

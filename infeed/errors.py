@@ -15,6 +15,11 @@ CORRUPTION_KINDS = {
 }
 
 
+def _short(text: str, limit: int = 200) -> str:
+    """Keeps messages readable (and bounded) whatever the damaged input held."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class InfeedError(Exception):
     """Base class of every error infeed raises on purpose."""
 
@@ -63,8 +68,8 @@ class DecodeError(InfeedError, ValueError):
             where = f"{path}: {where}"
         if offset is not None:
             where += f" (byte {offset})"
-        what = f"feature {feature!r}" if feature is not None else "record"
-        super().__init__(f"{where}: {what}: expected {expected}, found {found}")
+        what = f"feature {_short(repr(feature))}" if feature is not None else "record"
+        super().__init__(f"{where}: {what}: expected {_short(str(expected))}, found {_short(str(found))}")
 
     def __reduce__(self):
         return (type(self), (self.feature, self.record_index, self.expected, self.found,
