@@ -71,6 +71,60 @@ static uint32_t crc32c_bytes(uint32_t crc, const uint8_t *p, size_t n) {
 #define HAVE_HW_CRC 1
 #define HW_NAME "sse4.2"
 
+/* One crc32q waits for the previous one (3 cycles latency, 1 per cycle
+ * throughput), so one stream runs at a third of the instruction's speed.  Long
+ * buffers are therefore split into three interleaved streams whose CRCs are
+ * combined: for the raw register, crc(A || B) = shift_|B|(crc(A)) ^ crc(B, from 0),
+ * and shifting over a fixed number of zero bytes is linear, so it is four table
+ * lookups (the tables are built once, with the instruction itself). */
+#define LONG_BLOCK 8192
+#define SHORT_BLOCK 256
+#define TINY_BLOCK 64
+
+static uint32_t shift_long[4][256], shift_short[4][256], shift_tiny[4][256];
+static int shift_ready = 0;
+
+__attribute__((target("sse4.2")))
+static void build_shift(uint32_t table[4][256], size_t zeros) {
+    for (int k = 0; k < 4; k++)
+        for (uint32_t b = 0; b < 256; b++) {
+            uint64_t x = (uint64_t)b << (8 * k);
+            for (size_t i = 0; i < zeros; i += 8) x = _mm_crc32_u64(x, 0);
+            table[k][b] = (uint32_t)x;
+        }
+}
+
+__attribute__((target("sse4.2")))
+static void build_shifts(void) {
+    build_shift(shift_long, LONG_BLOCK);
+    build_shift(shift_short, SHORT_BLOCK);
+    build_shift(shift_tiny, TINY_BLOCK);
+    shift_ready = 1; /* idempotent: a race writes equal values */
+}
+
+static inline uint64_t shift(uint32_t table[4][256], uint64_t c) {
+    return table[0][c & 0xff] ^ table[1][(c >> 8) & 0xff] ^ table[2][(c >> 16) & 0xff] ^
+           table[3][(c >> 24) & 0xff];
+}
+
+#define INTERLEAVED(BLOCK, TABLE)                                                   \
+    while (n >= 3 * (BLOCK)) {                                                      \
+        uint64_t c1 = 0, c2 = 0;                                                    \
+        const uint8_t *stop = p + (BLOCK);                                          \
+        do {                                                                        \
+            uint64_t a, b, d;                                                       \
+            memcpy(&a, p, 8); memcpy(&b, p + (BLOCK), 8); memcpy(&d, p + 2 * (BLOCK), 8); \
+            c = _mm_crc32_u64(c, a);                                                \
+            c1 = _mm_crc32_u64(c1, b);                                              \
+            c2 = _mm_crc32_u64(c2, d);                                              \
+            p += 8;                                                                 \
+        } while (p < stop);                                                         \
+        c = shift(TABLE, c) ^ c1;                                                   \
+        c = shift(TABLE, c) ^ c2;                                                   \
+        p += 2 * (BLOCK);                                                           \
+        n -= 3 * (BLOCK);                                                           \
+    }
+
 __attribute__((target("sse4.2")))
 static uint32_t crc32c_hw(uint32_t crc, const uint8_t *p, size_t n) {
     uint64_t c = ~crc;
@@ -78,15 +132,11 @@ static uint32_t crc32c_hw(uint32_t crc, const uint8_t *p, size_t n) {
         c = _mm_crc32_u8((uint32_t)c, *p++);
         n--;
     }
-    while (n >= 32) { /* unrolled: the instruction pipelines one per cycle */
-        uint64_t a, b, d, e;
-        memcpy(&a, p, 8); memcpy(&b, p + 8, 8); memcpy(&d, p + 16, 8); memcpy(&e, p + 24, 8);
-        c = _mm_crc32_u64(c, a);
-        c = _mm_crc32_u64(c, b);
-        c = _mm_crc32_u64(c, d);
-        c = _mm_crc32_u64(c, e);
-        p += 32;
-        n -= 32;
+    if (n >= 3 * TINY_BLOCK) {
+        if (!shift_ready) build_shifts();
+        INTERLEAVED(LONG_BLOCK, shift_long)
+        INTERLEAVED(SHORT_BLOCK, shift_short)
+        INTERLEAVED(TINY_BLOCK, shift_tiny)
     }
     while (n >= 8) {
         uint64_t a;

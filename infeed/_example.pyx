@@ -89,6 +89,10 @@ cdef inline int read_varint(Cursor *c, uint64_t *out, Error *err) noexcept nogil
     cdef uint64_t v = 0
     cdef int shift = 0
     cdef uint8_t b
+    if c.p < c.end and c.p[0] < 0x80:      # tags, small lengths and small ints: one byte
+        out[0] = c.p[0]
+        c.p += 1
+        return 0
     while True:
         if c.p >= c.end:
             err.what = "varint runs past the end of its message"
@@ -192,7 +196,7 @@ cdef int skip_field(Cursor *c, uint32_t field, int wire, Error *err) noexcept no
 # ordinal of the first kind field of the final run; later passes read only that
 # run.
 
-cdef int next_value(Cursor *entry, Cursor *value, Error *err) noexcept nogil:
+cdef inline int next_value(Cursor *entry, Cursor *value, Error *err) noexcept nogil:
     """Advances to the next value field [2] of a map entry: 1 found, 0 none left, -1 error."""
     cdef uint32_t f
     cdef int w

@@ -29,6 +29,7 @@ _log = logging.getLogger("infeed")
 
 DEF HEADER = 12
 DEF FOOTER = 4
+DEF NOGIL_BYTES = 65536
 
 
 class CompressedStreamError(Exception):
@@ -305,7 +306,10 @@ cdef class RecordReader:
                     continue
                 raise StopIteration
             p = self.buf + self.start
-            with nogil:
+            if length >= NOGIL_BYTES:      # below this, releasing the GIL costs more than it frees
+                with nogil:
+                    want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, length))
+            else:
                 want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, length))
             got = load_u32(p + HEADER + length)
             if want != got:
@@ -319,10 +323,13 @@ cdef class RecordReader:
 
     def read_batch(self, Py_ssize_t max_records):
         """Up to ``max_records`` records as a list (empty at the end of the stream)."""
+        if max_records < 0:
+            raise ValueError(f"max_records must be >= 0, got {max_records}")
         out = []
-        for rec in self:
-            out.append(rec)
-            if len(out) >= max_records:
+        while len(out) < max_records:
+            try:
+                out.append(self.__next__())
+            except StopIteration:
                 break
         return out
 

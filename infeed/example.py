@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -12,6 +13,10 @@ from infeed.spec import Bytes, FixedLen, Padded, VarLen, NUMERIC_DTYPES
 __all__ = ["ExampleParser", "parse_examples", "decode_example", "encode_example"]
 
 decode_example = _example.decode_example
+
+
+def _none_ref():
+    return None
 
 
 class ExampleParser:
@@ -49,6 +54,7 @@ class ExampleParser:
                 raise ValueError(f"spec[{name!r}] must be FixedLen, VarLen or Bytes, got {f!r}")
         self.spec = dict(spec)
         self._compiled = _example.CompiledSpec(features)
+        self._checked = []
 
     def allocate(self, batch_size: int) -> dict:
         """Zeroed output arrays for ``batch_size`` records, laid out as ``parse`` returns them."""
@@ -84,7 +90,12 @@ class ExampleParser:
             else:
                 values.append(arr)
                 lengths.append(None)
-            self._check_out(name, values[-1], lengths[-1])
+        arrays = values + lengths
+        if len(arrays) != len(self._checked) or any(r() is not a for r, a in zip(self._checked, arrays)):
+            for name, v, n in zip(self.spec, values, lengths):
+                self._check_out(name, v, n)
+            # Reused outputs (a ring slot) are checked once; weak references never keep them alive.
+            self._checked = [weakref.ref(a) if a is not None else _none_ref for a in arrays]
         self._compiled.decode_into(records, values, lengths, start, index_base)
         return out
 

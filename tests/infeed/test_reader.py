@@ -108,6 +108,14 @@ def test_read_batch_returns_up_to_n_records(tmp_path):
     assert reader.read_batch(10) == []
 
 
+def test_read_batch_of_zero_reads_nothing_and_negative_is_refused(tmp_path):
+    reader = infeed.read_records(_write(tmp_path / "r.tfrecord", RECORDS))
+    assert reader.read_batch(0) == []
+    with pytest.raises(ValueError, match="max_records"):
+        reader.read_batch(-1)
+    assert list(reader) == RECORDS
+
+
 def test_tell_is_the_offset_of_the_next_record(tmp_path):
     path = _write(tmp_path / "r.tfrecord", RECORDS)
     reader = infeed.read_records(path)
