@@ -1,0 +1,77 @@
+"""Runs benchmark suites, prints their tables and, with --json, saves their figures.
+
+examples (from the repository root):
+  python -m bench decode              # ~1 minute with TensorFlow installed
+  python -m bench decode --quick      # ~20 seconds: fewer records and runs
+  python -m bench all --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from bench import decode, harness
+
+#: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
+SUITES = {
+    "decode": lambda args: decode.run(
+        args.layouts or tuple(decode.datasets.LAYOUTS), scale=args.scale, quick=args.quick, repeats=args.repeats,
+        data_dir=args.data_dir, seed=args.seed, cpu=args.cpu, tensorflow=not args.no_tf),
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suites", nargs="+", choices=[*SUITES, "all"], metavar="SUITE",
+                   help=f"one or more of: {', '.join(SUITES)}, all")
+    p.add_argument("--quick", action="store_true", help="fewer records and runs (~20 s)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 7, --quick 3)")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiplies every dataset's record count (default 1; 0.01 for a smoke run)")
+    p.add_argument("--layouts", type=lambda s: [x for x in s.split(",") if x], default=None,
+                   help="decode: comma-separated layouts (default: all of mnist,criteo,imagenet)")
+    p.add_argument("--json", metavar="PATH", help="also write the figures and machine facts as JSON")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="write (and reuse) the datasets here instead of a temporary directory")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated datasets (default 0)")
+    p.add_argument("--cpu", type=int, default=None, help="the CPU to pin to (default: the last allowed)")
+    p.add_argument("--no-tf", action="store_true", help="skip the tf.data comparison even if TensorFlow is installed")
+    args = p.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
+    unknown = sorted(set(args.layouts or ()) - set(decode.datasets.LAYOUTS))
+    if unknown:
+        p.error(f"unknown layouts {unknown}; known: {', '.join(decode.datasets.LAYOUTS)}")
+    if not args.scale > 0:
+        p.error(f"--scale must be positive, got {args.scale}")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    names = list(SUITES) if "all" in args.suites else list(dict.fromkeys(args.suites))
+    command = shlex.join(["python", "-m", "bench", *argv])
+    print(f"reproduce: {command}")
+    machine = harness.machine_facts()
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()), flush=True)
+    results = []
+    for name in names:
+        result = SUITES[name](args)
+        results.append(result)
+        print()
+        print(harness.format_result(result), flush=True)
+    if args.json:
+        tf_versions = {r.params.get("tensorflow") for r in results} - {None}
+        harness.write_json(args.json, command, {**machine, "tensorflow": ", ".join(sorted(tf_versions)) or None},
+                           results)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Timing, figures, tables and JSON for every suite of ``python -m bench``.
+
+A suite builds :class:`Case` s (a function doing a known amount of work) and
+hands them to :func:`interleave`, which runs a warm-up pass and then the
+repeats in turn (A B C A B C ...), so that a noisy neighbour slows every case
+alike instead of one.  Each case gives a :class:`Figure`: median, min and max
+over its repeats, as records/s and MB/s (MB = 10**6 bytes).  A suite returns a
+:class:`SuiteResult` (figures, ratios against targets, notes), which
+:func:`format_result` prints and :func:`write_json` saves with the facts of the
+machine.
+
+>>> case = Case("sum", lambda: sum(range(1000)) and 1000, records=1000, nbytes=8000)
+>>> [fig] = [m.figure("doc", "demo") for m in interleave([case], repeats=3)]
+>>> fig.repeats
+3
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+__all__ = [
+    "Case", "Measurement", "Figure", "Ratio", "SuiteResult", "interleave", "pinned_to_one_cpu", "settle_allocator",
+    "machine_facts", "format_result", "write_json", "log",
+]
+
+#: The JSON layout's version; bump it when a field changes meaning.
+JSON_VERSION = 1
+
+
+def log(message: str) -> None:
+    """Progress for the person watching (stderr, so stdout stays the report)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One thing to time.
+
+    name: what the table calls it.
+    run: does the work once and returns how many records it handled, which
+        must equal ``records`` (so a broken case fails instead of looking fast).
+    records: records per run.
+    nbytes: bytes per run, for MB/s (for file readers: the file's size).
+    """
+
+    name: str
+    run: Callable[[], int]
+    records: int
+    nbytes: int
+
+
+@dataclass
+class Measurement:
+    """The seconds each repeat of a case took."""
+
+    case: Case
+    seconds: list[float] = field(default_factory=list)
+
+    def figure(self, suite: str, group: str) -> "Figure":
+        return Figure(suite=suite, group=group, name=self.case.name, records=self.case.records,
+                      nbytes=self.case.nbytes, repeats=len(self.seconds),
+                      seconds_median=statistics.median(self.seconds),
+                      seconds_min=min(self.seconds), seconds_max=max(self.seconds))
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured throughput: ``records`` and ``nbytes`` per run, over ``repeats`` runs."""
+
+    suite: str
+    group: str          # e.g. the dataset layout
+    name: str           # e.g. the pipeline
+    records: int
+    nbytes: int
+    repeats: int
+    seconds_median: float
+    seconds_min: float
+    seconds_max: float
+
+    @property
+    def records_per_s(self) -> float:
+        """Median records per second."""
+        return self.records / self.seconds_median
+
+    @property
+    def mb_per_s(self) -> float:
+        """Median MB (10**6 bytes) per second."""
+        return self.nbytes / self.seconds_median / 1e6
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.update(records_per_s=self.records_per_s, mb_per_s=self.mb_per_s,
+                   records_per_s_min=self.records / self.seconds_max,
+                   records_per_s_max=self.records / self.seconds_min)
+        return out
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio of two figures' medians (higher is better), with the target it should reach."""
+
+    suite: str
+    group: str
+    name: str
+    value: float
+    target: float | None = None
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.value >= self.target
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "met": self.met}
+
+
+@dataclass
+class SuiteResult:
+    """What one suite measured: figures, ratios, notes, and the parameters it ran with."""
+
+    suite: str
+    figures: list[Figure] = field(default_factory=list)
+    ratios: list[Ratio] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    group_label: str = "group"      # what the table's first column calls Figure.group
+    name_label: str = "case"        # and its second, Figure.name
+
+    def figure(self, group: str, name: str) -> Figure:
+        for f in self.figures:
+            if (f.group, f.name) == (group, name):
+                return f
+        raise KeyError((group, name))
+
+    def to_json(self) -> dict:
+        return {"suite": self.suite, "params": self.params, "notes": self.notes,
+                "figures": [f.to_json() for f in self.figures], "ratios": [r.to_json() for r in self.ratios]}
+
+
+def interleave(cases: Sequence[Case], repeats: int, warmup: int = 1) -> list[Measurement]:
+    """Runs ``warmup`` untimed passes, then ``repeats`` timed passes over all cases in turn.
+
+    The garbage collector is off while a case runs (as in ``timeit``) and a
+    collection runs between cases, so one case's garbage is not another's cost.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    out = [Measurement(c) for c in cases]
+    for rep in range(warmup + repeats):
+        for m in out:
+            gc.collect()
+            was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                done = m.case.run()
+                dt = time.perf_counter() - t0
+            finally:
+                if was_enabled:
+                    gc.enable()
+            if done != m.case.records:
+                raise RuntimeError(f"case {m.case.name!r} handled {done} records, expected {m.case.records}")
+            if rep >= warmup:
+                m.seconds.append(dt)
+    return out
+
+
+def settle_allocator(nbytes: int = 24 << 20) -> None:
+    """Allocates and frees one large block, so that malloc is in a long-running process's state.
+
+    glibc raises its mmap and trim thresholds the first time a large mmapped
+    block is freed (any process that has freed a big numpy array has done
+    so).  Before that, memory freed at the top of the heap goes back to the OS
+    at once, and a pipeline that holds a batch of large records (imagenet:
+    128 x 110 KB) page-faults its next batch back in: about twice as slow.
+    Settling first makes a figure independent of what ran before it in the
+    process (for instance whether TensorFlow's rows ran).
+    """
+    import numpy as np
+
+    block = np.ones(nbytes, np.uint8)
+    del block
+
+
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+def _set_affinity_all_threads(cpus) -> None:
+    for tid in _threads():
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:          # a thread that ended meanwhile
+            pass
+
+
+@contextlib.contextmanager
+def pinned_to_one_cpu(cpu: int | None = None) -> Iterator[int | None]:
+    """Pins every thread of this process (and so every thread started inside) to one CPU.
+
+    ``cpu`` defaults to the last CPU this process may use.  Yields the CPU, or
+    None where the OS has no ``sched_setaffinity`` (the figures then say so).
+    The previous affinity is restored on exit, for all threads.
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        yield None
+        return
+    before = os.sched_getaffinity(0)
+    if cpu is None:
+        cpu = max(before)
+    elif cpu not in before:
+        raise ValueError(f"cpu {cpu} is not one this process may use ({sorted(before)})")
+    _set_affinity_all_threads({cpu})
+    try:
+        yield cpu
+    finally:
+        _set_affinity_all_threads(before)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_facts(extra: dict | None = None) -> dict:
+    """CPU model, cores, load, OS and library versions: what a figure depends on."""
+    import numpy as np
+
+    facts = {
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+    try:
+        from infeed import _tfrecord
+
+        facts["crc32c"] = _tfrecord.crc32c_implementation()
+    except ImportError:
+        pass
+    facts.update(extra or {})
+    return facts
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def format_table(figures: Sequence[Figure], group_label: str = "group", name_label: str = "case") -> str:
+    """A fixed-width table: one row per figure, medians first, then the spread and the repeat count."""
+    head = (group_label, name_label, "records/s", "MB/s", "records/s min..max", "runs", "records")
+    rows = [(f.group, f.name, _rate(f.records_per_s), _rate(f.mb_per_s),
+             f"{_rate(f.records / f.seconds_max)}..{_rate(f.records / f.seconds_min)}",
+             str(f.repeats), f"{f.records:,}") for f in figures]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    left = {0, 1}
+
+    def line(r):
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    return "\n".join([line(head), "  ".join("-" * w for w in widths), *map(line, rows)])
+
+
+def format_ratios(ratios: Sequence[Ratio]) -> str:
+    """One line per ratio, aligned, with its target and whether it is met."""
+    gw = max(len(r.group) for r in ratios)
+    nw = max(len(r.name) for r in ratios)
+
+    def line(r):
+        target = "" if r.target is None else f"  target >= {r.target:g}x: {'met' if r.met else 'MISSED'}"
+        return f"{r.group:<{gw}}  {r.name:<{nw}}  {r.value:6.2f}x{target}"
+
+    return "\n".join(map(line, ratios))
+
+
+def format_result(result: SuiteResult) -> str:
+    parts = [f"== {result.suite} ==", format_table(result.figures, result.group_label, result.name_label)]
+    if result.ratios:
+        parts += ["", "ratios of medians (higher is better):", format_ratios(result.ratios)]
+    if result.notes:
+        parts += ["", *result.notes]
+    return "\n".join(parts)
+
+
+def write_json(path, command: str, machine: dict, results: Sequence[SuiteResult]) -> None:
+    """Writes the figures of a run with the command and the machine facts (atomically)."""
+    doc = {"version": JSON_VERSION, "command": command, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "machine": machine, "suites": {r.suite: r.to_json() for r in results}}
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
