@@ -31,7 +31,8 @@ setup(
         "pyarrow>=16,<27",
     ],
     extras_require={
-        "dev": ["pytest>=8,<10", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7"],
+        # protobuf only cross-checks the tests' reference decoder; infeed never imports it.
+        "dev": ["pytest>=8,<10", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7", "protobuf>=5,<8"],
         "bench": ["matplotlib>=3.8,<4"],
         "tf": ["tensorflow-cpu==2.21.0"],
         "fuzz": ["atheris>=2.3,<4"],

@@ -98,14 +98,27 @@ class _Decompressing:
         self._raw.close()
 
 
+_SNIFF_BYTES = 4096
+
+
 def _sniff(head: bytes) -> str | None:
+    """GZIP or ZLIB when ``head`` starts such a stream and inflates without error, else None.
+
+    A two-byte magic alone is not enough: a damaged plain file may start with one.
+    """
     if _tfrecord.looks_like_tfrecord(head):
         return None
     if head[:2] == b"\x1f\x8b":
-        return "GZIP"
-    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
-        return "ZLIB"
-    return None
+        guess, wbits = "GZIP", 31
+    elif len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
+        guess, wbits = "ZLIB", 15
+    else:
+        return None
+    try:
+        zlib.decompressobj(wbits).decompress(head)
+    except zlib.error:
+        return None
+    return guess
 
 
 class _Peeked:
@@ -156,7 +169,7 @@ def read_records(path, compression="auto", skip_corrupt: bool = False,
             ext = os.path.splitext(path.rstrip("/"))[1].lower()
             compression = _EXTENSIONS.get(ext)
             if compression is None:
-                head = raw.read(12)
+                head = raw.read(_SNIFF_BYTES)
                 compression = _sniff(head)
                 raw = _Peeked(raw, head)
         if compression is not None:

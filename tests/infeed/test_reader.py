@@ -265,3 +265,16 @@ def test_reader_reads_any_stream_with_readinto():
     data = b"".join(_tfrecord.frame(r) for r in RECORDS)
     reader = _tfrecord.RecordReader(io.BytesIO(data), "<memory>", len(data), False, 64)
     assert list(reader) == RECORDS
+
+
+def test_a_damaged_plain_file_that_starts_like_zlib_is_read_as_plain(tmp_path):
+    """Sniffing inflates the first bytes: a ZLIB-looking magic alone does not switch compression."""
+    data = bytearray(b"".join(_tfrecord.frame(b"rec%d" % i) for i in range(5)))
+    data[:2] = b"\x78\x9c"
+    path = tmp_path / "noext"
+    path.write_bytes(bytes(data))
+    reader = infeed.read_records(path, skip_corrupt=True)
+    assert list(reader) == [b"rec%d" % i for i in range(1, 5)]
+    with pytest.raises(infeed.CorruptRecordError) as info:
+        list(infeed.read_records(path))
+    assert info.value.kind == "length_crc" and info.value.offset == 0
