@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import weakref
 from collections.abc import Mapping, Sequence
 
@@ -129,6 +130,10 @@ def parse_examples(records: Sequence, spec: Mapping, out: dict | None = None) ->
 # Encoding
 
 
+_FLOAT32 = struct.Struct("<f")
+_FLOAT_SCALAR_PREFIX = b"\x12\x06\x0a\x04"          # float_list [2] { packed value [1], 4 bytes }
+
+
 def _key(name: str) -> bytes:
     return name.encode("utf-8") if isinstance(name, str) else bytes(name)
 
@@ -148,6 +153,13 @@ def _varint(n: int) -> bytes:
 
 def _feature(name, value) -> bytes:
     """Encodes one Feature message, choosing the kind from the value's type."""
+    kind = type(value)
+    if kind is int:                                   # fast paths: plain Python scalars
+        if not -(2**63) <= value < 2**63:
+            raise ValueError(f"feature {name!r} has integers outside int64")
+        return _len_prefixed(0x1A, _len_prefixed(0x0A, _varint(value & 0xFFFFFFFFFFFFFFFF)))
+    if kind is float and -3.4028234663852886e38 <= value <= 3.4028234663852886e38:
+        return _FLOAT_SCALAR_PREFIX + _FLOAT32.pack(value)
     if isinstance(value, (bytes, bytearray, memoryview, str)):
         value = [value]
     elif isinstance(value, (int, float, np.integer, np.floating, bool, np.bool_)):

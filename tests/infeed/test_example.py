@@ -31,11 +31,22 @@ def test_encode_example_picks_kinds_from_types():
     assert empty["i"][1].dtype == np.int64 and len(empty["i"][1]) == 0
 
 
+def test_python_scalars_encode_as_their_numpy_equivalents():
+    for value in (0, 1, -1, 127, 128, 2**63 - 1, -(2**63)):
+        assert ex(x=value) == ex(x=np.array([value], np.int64))
+    for value in (0.0, -0.0, 1.5, float("inf"), 3.4e38, float("nan")):
+        assert ex(x=value) == ex(x=np.array([value], np.float32))
+    with np.errstate(over="ignore"):
+        assert ex(x=1e39) == ex(x=np.array([1e39], np.float32))     # rounds to inf, as numpy does
+
+
 def test_encode_example_refuses_what_it_cannot_represent():
     with pytest.raises(TypeError, match="mixes"):
         ex(x=[b"a", 1])
     with pytest.raises(ValueError, match="int64"):
         ex(x=[2**64])
+    with pytest.raises(ValueError, match="int64"):
+        ex(x=2**63)
 
 
 def test_empty_example_decodes_to_nothing():
