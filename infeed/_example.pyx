@@ -437,6 +437,78 @@ cdef inline uint32_t fnv1a(const uint8_t *p, Py_ssize_t n) noexcept nogil:
     return h
 
 
+cdef inline bint take_field(Cursor *c, uint8_t tag, Cursor *sub) noexcept nogil:
+    """Reads one length-delimited field with this exact one-byte tag, or returns False."""
+    cdef Error ignored
+    if c.p >= c.end or c.p[0] != tag:
+        return False
+    c.p += 1
+    return read_len(c, sub, &ignored) == 0
+
+
+cdef bint fast_row(Plan *pl, Cursor entry, char *dst, Py_ssize_t row) noexcept nogil:
+    """Decodes a feature written the way TensorFlow writes it, in one pass.
+
+    Canonical form: ``key [1] | value [2] { list [kind] { value [1] packed } }``,
+    each field once and each message ending where its parent does.  Returns
+    False, having written nothing the general path will not rewrite, for
+    anything else (other encodings, errors, truncation): the general path then
+    decodes it and reports any error.
+    """
+    cdef Cursor key, value, lst, payload
+    cdef int kind
+    cdef int64_t n, k
+    cdef Sink sink
+    cdef uint64_t v
+    cdef Error ignored
+    cdef Py_ssize_t item
+    cdef bint empty
+    if not take_field(&entry, 0x0A, &key) or not take_field(&entry, 0x12, &value) or entry.p != entry.end:
+        return False
+    if value.p == value.end or value.p[0] != (pl.kind << 3 | 2):
+        return False
+    if not take_field(&value, <uint8_t>(pl.kind << 3 | 2), &lst) or value.p != value.end:
+        return False
+    empty = lst.p == lst.end
+    if empty:
+        payload.p = payload.end = lst.p
+    elif not take_field(&lst, 0x0A, &payload) or lst.p != lst.end:
+        return False
+    kind = pl.kind
+    if pl.layout == LAYOUT_BYTES:
+        n = payload.end - payload.p
+        if empty or n > pl.count:                      # no value at all, or too long: general path
+            return False
+        memcpy(dst, payload.p, n)
+        memset(dst + n, 0, pl.row_bytes - n)
+        pl.lengths[row] = <int32_t>n
+        return True
+    if kind == KIND_FLOAT:
+        n = payload.end - payload.p
+        if n % 4 != 0:
+            return False
+        n //= 4
+        if (pl.layout == LAYOUT_FIXED and n != pl.count) or n > pl.count:
+            return False
+        memcpy(dst, payload.p, 4 * n)
+    else:
+        sink.dst = dst
+        sink.cap = pl.count
+        sink.out_type = pl.out_type
+        sink.count = 0
+        while payload.p < payload.end:
+            if read_varint(&payload, &v, &ignored) < 0 or put_i64(&sink, <int64_t>v) < 0:
+                return False
+        n = sink.count
+        if (pl.layout == LAYOUT_FIXED and n != pl.count) or n > pl.count:
+            return False
+    if pl.layout == LAYOUT_VARLEN:
+        item = pl.row_bytes // pl.count if pl.count else 0
+        memcpy(dst + n * item, pl.fill + n * item, pl.row_bytes - n * item)
+        pl.lengths[row] = <int32_t>n
+    return True
+
+
 cdef int decode_row(const uint8_t *rec, Py_ssize_t n, Plan *plan, int nfeat, const int *table,
                     uint32_t mask, Cursor *found, Py_ssize_t row, Error *err) noexcept nogil:
     cdef EntryWalk wk
@@ -489,6 +561,8 @@ cdef int decode_row(const uint8_t *rec, Py_ssize_t n, Plan *plan, int nfeat, con
             err.code = E_MISSING
             err.offset = -1
             return -1
+        if fast_row(pl, found[i], dst, row):
+            continue
         err.offset = found[i].p - rec
         if scan_kind(found[i], &kind, &run_start, err) < 0:
             err.code = E_MALFORMED
