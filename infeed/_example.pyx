@@ -258,107 +258,149 @@ cdef inline int put_i64(Sink *s, int64_t v) noexcept nogil:
     return 0
 
 
+cdef struct RunWalk:
+    # Walks the list messages of a Feature's final oneof run (see scan_kind).
+    Cursor entry           # what is left of the map entry
+    Cursor value           # what is left of the current value (Feature) field
+    bint in_value
+    int ordinal            # kind fields seen so far
+    int run_start          # ordinal of the first field of the final run
+
+
+cdef inline RunWalk start_run(Cursor entry, int run_start) noexcept nogil:
+    cdef RunWalk wk
+    wk.entry = entry
+    wk.value = entry       # unused until in_value; set so no field is left undefined
+    wk.in_value = False
+    wk.ordinal = 0
+    wk.run_start = run_start
+    return wk
+
+
+cdef int next_list(RunWalk *wk, Cursor *lst, Error *err) noexcept nogil:
+    """Advances to the next list message of the final run: 1 found, 0 none left, -1 error."""
+    cdef uint32_t f
+    cdef int w, r
+    while True:
+        if not wk.in_value:
+            r = next_value(&wk.entry, &wk.value, err)
+            if r <= 0:
+                return r
+            wk.in_value = True
+        while wk.value.p < wk.value.end:
+            if read_tag(&wk.value, &f, &w, err) < 0:
+                return -1
+            if not (1 <= f <= 3 and w == 2):
+                if skip_field(&wk.value, f, w, err) < 0:
+                    return -1
+                continue
+            if read_len(&wk.value, lst, err) < 0:
+                return -1
+            wk.ordinal += 1
+            if wk.ordinal - 1 >= wk.run_start:
+                return 1
+        wk.in_value = False
+
+
 cdef int fill_numbers(Cursor entry, int kind, int run_start, Sink *s, Error *err) noexcept nogil:
     """Writes the float or int64 values of the final run into the sink; counts them all."""
-    cdef Cursor value, lst, packed
-    cdef uint32_t f, lf
-    cdef int w, lw, r, ordinal = 0
+    cdef RunWalk wk = start_run(entry, run_start)
+    cdef Cursor lst, packed
+    cdef uint32_t lf
+    cdef int lw, r
     cdef uint64_t v
     cdef int64_t n, room
     while True:
-        r = next_value(&entry, &value, err)
+        r = next_list(&wk, &lst, err)
         if r <= 0:
             return r
-        while value.p < value.end:
-            if read_tag(&value, &f, &w, err) < 0:
+        while lst.p < lst.end:
+            if read_tag(&lst, &lf, &lw, err) < 0:
                 return -1
-            if not (1 <= f <= 3 and w == 2):
-                if skip_field(&value, f, w, err) < 0:
+            if lf != 1:
+                if skip_field(&lst, lf, lw, err) < 0:
                     return -1
-                continue
-            if read_len(&value, &lst, err) < 0:
-                return -1
-            ordinal += 1
-            if ordinal - 1 < run_start:
-                continue
-            while lst.p < lst.end:
-                if read_tag(&lst, &lf, &lw, err) < 0:
+            elif kind == KIND_FLOAT and lw == 2:
+                if read_len(&lst, &packed, err) < 0:
                     return -1
-                if lf != 1:
-                    if skip_field(&lst, lf, lw, err) < 0:
-                        return -1
-                elif kind == KIND_FLOAT and lw == 2:
-                    if read_len(&lst, &packed, err) < 0:
-                        return -1
-                    n = packed.end - packed.p
-                    if n % 4 != 0:
-                        err.what = "packed floats not a multiple of 4 bytes"
-                        return -1
-                    n //= 4
-                    room = s.cap - s.count
-                    if room > n:
-                        room = n
-                    if room > 0:
-                        memcpy(s.dst + 4 * s.count, packed.p, 4 * room)
-                    s.count += n
-                elif kind == KIND_FLOAT and lw == 5:
-                    if lst.end - lst.p < 4:
-                        err.what = "fixed32 runs past the end of its message"
-                        return -1
-                    if s.count < s.cap:
-                        memcpy(s.dst + 4 * s.count, lst.p, 4)
-                    s.count += 1
-                    lst.p += 4
-                elif kind == KIND_INT64 and lw == 2:
-                    if read_len(&lst, &packed, err) < 0:
-                        return -1
-                    while packed.p < packed.end:
-                        if read_varint(&packed, &v, err) < 0:
-                            return -1
-                        if put_i64(s, <int64_t>v) < 0:
-                            return -2
-                elif kind == KIND_INT64 and lw == 0:
-                    if read_varint(&lst, &v, err) < 0:
+                n = packed.end - packed.p
+                if n % 4 != 0:
+                    err.what = "packed floats not a multiple of 4 bytes"
+                    return -1
+                n //= 4
+                room = s.cap - s.count
+                if room > n:
+                    room = n
+                if room > 0:
+                    memcpy(s.dst + 4 * s.count, packed.p, 4 * room)
+                s.count += n
+            elif kind == KIND_FLOAT and lw == 5:
+                if lst.end - lst.p < 4:
+                    err.what = "fixed32 runs past the end of its message"
+                    return -1
+                if s.count < s.cap:
+                    memcpy(s.dst + 4 * s.count, lst.p, 4)
+                s.count += 1
+                lst.p += 4
+            elif kind == KIND_INT64 and lw == 2:
+                if read_len(&lst, &packed, err) < 0:
+                    return -1
+                while packed.p < packed.end:
+                    if read_varint(&packed, &v, err) < 0:
                         return -1
                     if put_i64(s, <int64_t>v) < 0:
                         return -2
-                elif skip_field(&lst, lf, lw, err) < 0:
+            elif kind == KIND_INT64 and lw == 0:
+                if read_varint(&lst, &v, err) < 0:
                     return -1
+                if put_i64(s, <int64_t>v) < 0:
+                    return -2
+            elif skip_field(&lst, lf, lw, err) < 0:
+                return -1
+
+
+cdef struct BytesWalk:
+    RunWalk run
+    Cursor lst             # what is left of the current BytesList
+    bint in_list
+
+
+cdef int next_bytes(BytesWalk *wk, Cursor *item, Error *err) noexcept nogil:
+    """Advances to the next bytes value of the final run: 1 found, 0 none left, -1 error."""
+    cdef uint32_t f
+    cdef int w, r
+    while True:
+        if not wk.in_list:
+            r = next_list(&wk.run, &wk.lst, err)
+            if r <= 0:
+                return r
+            wk.in_list = True
+        while wk.lst.p < wk.lst.end:
+            if read_tag(&wk.lst, &f, &w, err) < 0:
+                return -1
+            if f == 1 and w == 2:
+                return -1 if read_len(&wk.lst, item, err) < 0 else 1
+            if skip_field(&wk.lst, f, w, err) < 0:
+                return -1
+        wk.in_list = False
 
 
 cdef int each_bytes(Cursor entry, int run_start, Cursor *first, int64_t *count, Error *err) noexcept nogil:
     """Counts the bytes values of the final run and finds the first one."""
-    cdef Cursor value, lst, item
-    cdef uint32_t f, lf
-    cdef int w, lw, r, ordinal = 0
+    cdef BytesWalk wk
+    cdef Cursor item
+    cdef int r
+    wk.run = start_run(entry, run_start)
+    wk.lst = entry
+    wk.in_list = False
     count[0] = 0
     while True:
-        r = next_value(&entry, &value, err)
+        r = next_bytes(&wk, &item, err)
         if r <= 0:
             return r
-        while value.p < value.end:
-            if read_tag(&value, &f, &w, err) < 0:
-                return -1
-            if not (1 <= f <= 3 and w == 2):
-                if skip_field(&value, f, w, err) < 0:
-                    return -1
-                continue
-            if read_len(&value, &lst, err) < 0:
-                return -1
-            ordinal += 1
-            if ordinal - 1 < run_start:
-                continue
-            while lst.p < lst.end:
-                if read_tag(&lst, &lf, &lw, err) < 0:
-                    return -1
-                if lf == 1 and lw == 2:
-                    if read_len(&lst, &item, err) < 0:
-                        return -1
-                    if count[0] == 0:
-                        first[0] = item
-                    count[0] += 1
-                elif skip_field(&lst, lf, lw, err) < 0:
-                    return -1
+        if count[0] == 0:
+            first[0] = item
+        count[0] += 1
 
 
 # ---------------------------------------------------------------------------
@@ -890,51 +932,23 @@ def decode_example(record, Py_ssize_t record_index=0):
 
 
 cdef list _bytes_values(Cursor entry, int run_start, Py_ssize_t record_index, name, start):
-    cdef Cursor value, lst, item
-    cdef uint32_t f, lf
-    cdef int w, lw, r, ordinal = 0
+    cdef BytesWalk wk
+    cdef Cursor item
+    cdef int r
     cdef Error err
     err.what = NULL
+    wk.run = start_run(entry, run_start)
+    wk.lst = entry
+    wk.in_list = False
     out = []
     while True:
-        r = next_value(&entry, &value, &err)
+        r = next_bytes(&wk, &item, &err)
         if r == 0:
             return out
         if r < 0:
-            break
-        while value.p < value.end:
-            if read_tag(&value, &f, &w, &err) < 0:
-                r = -1
-                break
-            if not (1 <= f <= 3 and w == 2):
-                if skip_field(&value, f, w, &err) < 0:
-                    r = -1
-                    break
-                continue
-            if read_len(&value, &lst, &err) < 0:
-                r = -1
-                break
-            ordinal += 1
-            if ordinal - 1 < run_start:
-                continue
-            while lst.p < lst.end:
-                if read_tag(&lst, &lf, &lw, &err) < 0:
-                    r = -1
-                    break
-                if lf == 1 and lw == 2:
-                    if read_len(&lst, &item, &err) < 0:
-                        r = -1
-                        break
-                    out.append(PyBytes_FromStringAndSize(<const char *>item.p, item.end - item.p))
-                elif skip_field(&lst, lf, lw, &err) < 0:
-                    r = -1
-                    break
-            if r < 0:
-                break
-        if r < 0:
-            break
-    raise DecodeError(name, record_index, "a Feature message",
-                      f"invalid protobuf: {err.what.decode()}", offset=start)
+            raise DecodeError(name, record_index, "a Feature message",
+                              f"invalid protobuf: {err.what.decode()}", offset=start)
+        out.append(PyBytes_FromStringAndSize(<const char *>item.p, item.end - item.p))
 
 
 # ---------------------------------------------------------------------------

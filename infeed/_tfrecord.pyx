@@ -36,30 +36,29 @@ class CompressedStreamError(Exception):
     """Raised by a decompressing source; the reader turns it into CorruptRecordError."""
 
 
-def crc32c(data, unsigned int crc=0):
-    """CRC32C of a bytes-like object, extending ``crc``."""
+ctypedef uint32_t (*crc_function)(uint32_t, const uint8_t *, size_t) noexcept nogil
+
+
+cdef uint32_t crc_of(data, uint32_t crc, crc_function fn) except? 0xffffffff:
     cdef Py_buffer view
     cdef uint32_t out
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         with nogil:
-            out = infeed_crc32c_extend(crc, <const uint8_t *>view.buf, view.len)
+            out = fn(crc, <const uint8_t *>view.buf, view.len)
     finally:
         PyBuffer_Release(&view)
     return out
+
+
+def crc32c(data, unsigned int crc=0):
+    """CRC32C of a bytes-like object, extending ``crc``."""
+    return crc_of(data, crc, infeed_crc32c_extend)
 
 
 def crc32c_table(data, unsigned int crc=0):
     """CRC32C through the portable table, whatever the CPU offers (for tests)."""
-    cdef Py_buffer view
-    cdef uint32_t out
-    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-    try:
-        with nogil:
-            out = infeed_crc32c_table(crc, <const uint8_t *>view.buf, view.len)
-    finally:
-        PyBuffer_Release(&view)
-    return out
+    return crc_of(data, crc, infeed_crc32c_table)
 
 
 def masked_crc32c(data):
