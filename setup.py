@@ -12,6 +12,7 @@ extensions = [
     Extension("infeed._example", ["infeed/_example.pyx"],
               include_dirs=[numpy.get_include()], extra_compile_args=COMPILE_ARGS,
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]),
+    Extension("infeed._ring", ["infeed/_ring.pyx"], extra_compile_args=COMPILE_ARGS),
 ]
 
 setup(

@@ -1,12 +1,14 @@
 """infeed: TFRecord reading, writing and tf.train.Example decoding into fixed-shape batches."""
 
-from infeed.errors import CorruptRecordError, DecodeError, InfeedError
+from infeed.errors import AttachError, CorruptRecordError, DecodeError, InfeedError, ShmSpaceError, Timeout, WorkerDied
 from infeed.example import ExampleParser, decode_example, encode_example, parse_examples
 from infeed.reader import read_records
+from infeed.ring import Ring
 from infeed.spec import Bytes, FixedLen, Padded, VarLen
 from infeed.writer import TFRecordWriter
 
 __all__ = [
+    "AttachError",
     "Bytes",
     "CorruptRecordError",
     "DecodeError",
@@ -14,8 +16,12 @@ __all__ = [
     "FixedLen",
     "InfeedError",
     "Padded",
+    "Ring",
+    "ShmSpaceError",
     "TFRecordWriter",
+    "Timeout",
     "VarLen",
+    "WorkerDied",
     "decode_example",
     "encode_example",
     "parse_examples",

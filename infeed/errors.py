@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["InfeedError", "CorruptRecordError", "DecodeError", "CORRUPTION_KINDS"]
+import errno
+import signal as _signal
+
+__all__ = ["InfeedError", "CorruptRecordError", "DecodeError", "CORRUPTION_KINDS",
+           "WorkerDied", "Timeout", "AttachError", "ShmSpaceError"]
 
 #: What `CorruptRecordError.kind` can be, and what each means.
 CORRUPTION_KINDS = {
@@ -74,3 +78,81 @@ class DecodeError(InfeedError, ValueError):
     def __reduce__(self):
         return (type(self), (self.feature, self.record_index, self.expected, self.found,
                              self.path, self.offset))
+
+
+class WorkerDied(InfeedError):
+    """A process on the other side of a ring died (killed, crashed, exited) while it was needed.
+
+    Attributes: ``pid``, ``signal`` (the number of the signal that killed it, or
+    None when it exited or the cause is unknown), ``exitcode`` (its exit status
+    when it exited, else None) and ``detail``.
+    """
+
+    def __init__(self, pid, signal=None, exitcode=None, detail=""):
+        self.pid = pid
+        self.signal = signal
+        self.exitcode = exitcode
+        self.detail = detail
+        if signal is not None:
+            try:
+                how = f"killed by {_signal.Signals(signal).name} ({signal})"
+            except ValueError:
+                how = f"killed by signal {signal}"
+        elif exitcode is not None:
+            how = f"exited with status {exitcode}"
+        else:
+            how = "is gone"
+        msg = f"worker process {pid} {how}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self.pid, self.signal, self.exitcode, self.detail))
+
+
+class Timeout(InfeedError, TimeoutError):
+    """A wait on a ring did not finish in time. Attributes: ``what`` (the wait) and ``seconds``."""
+
+    def __init__(self, what, seconds):
+        self.what = what
+        self.seconds = seconds
+        super().__init__(f"timed out after {seconds:g} s waiting for {what}")
+
+    def __reduce__(self):
+        return (type(self), (self.what, self.seconds))
+
+
+class AttachError(InfeedError):
+    """A shared-memory ring could not be attached.
+
+    Attributes: ``name`` (the segment), ``check`` (which check failed: ``"exists"``,
+    ``"owner"``, ``"mode"``, ``"size"``, ``"magic"``, ``"version"``, ``"state"``
+    or ``"layout"``), ``expected`` and ``found``.
+    """
+
+    def __init__(self, name, check, expected, found):
+        self.name = name
+        self.check = check
+        self.expected = expected
+        self.found = found
+        super().__init__(f"cannot attach ring {name!r}: {check} check failed: "
+                         f"expected {_short(str(expected))}, found {_short(str(found))}")
+
+    def __reduce__(self):
+        return (type(self), (self.name, self.check, self.expected, self.found))
+
+
+class ShmSpaceError(InfeedError, OSError):
+    """``/dev/shm`` has too little free space for a ring. Attributes: ``path``, ``needed``, ``free`` (bytes)."""
+
+    def __init__(self, path, needed, free):
+        self.path = path
+        self.needed = needed
+        self.free = free
+        super().__init__(f"{path}: a ring needs {needed} bytes but only {free} are free "
+                         f"(make the ring smaller or enlarge the tmpfs, e.g. docker --shm-size)")
+        self.errno = errno.ENOSPC
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.needed, self.free))

@@ -1,0 +1,454 @@
+"""infeed/ring.py: the shared-memory ring of batch slots."""
+
+import errno
+import multiprocessing
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import infeed
+from infeed import ring as ring_mod
+from infeed.ring import SHM_DIR, Ring, layout_of, watch_processes
+from infeed.spec import Bytes, FixedLen, Padded, VarLen
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = {"x": FixedLen((3,), "float32"), "label": FixedLen((), "int64"),
+        "tokens": VarLen("int32", max_len=5), "raw": Bytes(max_bytes=7)}
+CTX = multiprocessing.get_context("spawn")
+
+
+def _template(batch=4):
+    return infeed.ExampleParser(SPEC).allocate(batch)
+
+
+def _segments():
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(f"infeed-{os.getuid()}-")}
+
+
+def _segment_fds():
+    """This process's descriptors open on ring segments (unlinked ones included)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own descriptor, another thread's file)
+            continue
+        if target.startswith(f"{SHM_DIR}/infeed-"):
+            found.append(target)
+    return found
+
+
+@pytest.fixture
+def ring():
+    with Ring.create(_template(), slots=3, lock_memory=False) as r:
+        yield r
+
+
+# --- processes the tests start (module level, so 'spawn' can import them) ---------------------
+
+def _write_pattern(name, value):
+    with Ring.attach(name, _template()) as r:
+        r.acquire_free(0, timeout=5)
+        views = r.slot_arrays(0)
+        views["x"][:] = value
+        views["tokens"].lengths[:] = 3
+        r.publish(0, seq=7)
+
+
+def _produce(name, n):
+    with Ring.attach(name) as r:
+        for seq in range(n):
+            slot = seq % r.slots
+            r.acquire_free(slot, timeout=10)
+            v = r.slot_arrays(slot)
+            v["label"][:] = seq
+            v["x"][:] = seq * 0.5
+            r.publish(slot, seq)
+
+
+def _hang(name, register):
+    r = Ring.attach(name)
+    if register:
+        r.register_worker(0)
+    time.sleep(60)
+
+
+def _run_python(code):
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
+
+
+# --- layout ---------------------------------------------------------------------------------
+
+def test_layout_from_allocate_keeps_structure_and_aligns_every_array(ring):
+    views = ring.slot_arrays(1)
+    template = _template()
+    assert list(views) == list(template)
+    for name, t in template.items():
+        v = views[name]
+        assert isinstance(v, Padded) == isinstance(t, Padded)
+        for a, b in zip(v if isinstance(v, Padded) else [v], t if isinstance(t, Padded) else [t]):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            assert a.ctypes.data % 64 == 0 and a.flags.c_contiguous and a.flags.writeable
+    assert ring.layout == layout_of(template)
+    assert ring.slot_size % 64 == 0
+
+
+def test_steps_per_slot_stacks_k_batches_and_step_views_alias_them():
+    with Ring.create(_template(2), slots=2, steps_per_slot=3, lock_memory=False) as r:
+        full = r.slot_arrays(0)
+        assert full["x"].shape == (3, 2, 3) and full["tokens"].values.shape == (3, 2, 5)
+        step = r.slot_arrays(0, step=1)
+        assert step["x"].shape == (2, 3) and step["raw"].lengths.shape == (2,)
+        step["x"][:] = 9
+        assert (full["x"][1] == 9).all() and (full["x"][0] == 0).all()
+        with pytest.raises(IndexError):
+            r.slot_arrays(0, step=3)
+
+
+def test_parser_decodes_straight_into_a_slot(ring):
+    records = [infeed.encode_example({"x": [1.0, 2.0, 3.0], "label": [i], "tokens": [1, 2], "raw": [b"ab"]})
+               for i in range(4)]
+    parser = infeed.ExampleParser(SPEC)
+    out = ring.slot_arrays(2)
+    parser.parse(records, out=out)
+    expected = parser.parse(records)
+    again = ring.slot_arrays(2)
+    assert (again["label"] == expected["label"]).all()
+    assert (again["tokens"].values == expected["tokens"].values).all()
+    assert (again["raw"].lengths == [2, 2, 2, 2]).all()
+
+
+def test_layout_rejects_object_dtypes_and_bad_arguments():
+    with pytest.raises(ValueError, match="'s'"):
+        Ring.create({"s": ((2,), object)}, slots=1, lock_memory=False)
+    with pytest.raises(ValueError, match="slots"):
+        Ring.create({"x": ((2,), np.float32)}, slots=0, lock_memory=False)
+    with pytest.raises(ValueError, match="non-empty"):
+        Ring.create({}, slots=1, lock_memory=False)
+
+
+# --- zero copy ------------------------------------------------------------------------------
+
+def test_views_are_zero_copy_within_a_process(ring):
+    a, b = ring.slot_arrays(0)["x"], ring.slot_arrays(0)["x"]
+    a[2, 1] = 5.0
+    assert b[2, 1] == 5.0 and np.shares_memory(a, b)
+    assert not np.shares_memory(a, ring.slot_arrays(1)["x"])
+
+
+def test_a_write_in_another_process_is_seen_through_this_ones_views(ring):
+    views = ring.slot_arrays(0)
+    p = CTX.Process(target=_write_pattern, args=(ring.name, 4.25))
+    p.start()
+    assert ring.acquire_filled(0, timeout=10, check=watch_processes([p])) == 7
+    p.join(10)
+    assert (views["x"] == 4.25).all() and (views["tokens"].lengths == 3).all()
+    assert ring.slot_state(0) == ("reading", 7)
+
+
+# --- the segment ----------------------------------------------------------------------------
+
+def test_segment_is_mode_0600_with_a_128_bit_name():
+    with Ring.create(_template(), slots=1, lock_memory=False) as a, \
+            Ring.create(_template(), slots=1, lock_memory=False) as b:
+        assert re.fullmatch(rf"infeed-{os.getuid()}-[0-9a-f]{{32}}", a.name)
+        assert a.name != b.name
+        st = os.stat(a.path)
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid() and st.st_size == a.size
+
+
+def test_mode_is_0600_whatever_the_umask():
+    old = os.umask(0)
+    try:
+        with Ring.create(_template(), slots=1, lock_memory=False) as r:
+            assert stat.S_IMODE(os.stat(r.path).st_mode) == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_an_existing_name_is_never_reused(monkeypatch):
+    taken = "ab" * 16
+    path = Path(SHM_DIR) / f"infeed-{os.getuid()}-{taken}"
+    path.write_bytes(b"someone else's")
+    try:
+        tokens = iter([taken, "cd" * 16])
+        monkeypatch.setattr(ring_mod.secrets, "token_hex", lambda n: next(tokens))
+        with Ring.create(_template(), slots=1, lock_memory=False) as r:
+            assert r.name.endswith("cd" * 16)
+        assert path.read_bytes() == b"someone else's"
+    finally:
+        path.unlink()
+
+
+def test_too_little_shm_space_names_needed_and_free_bytes(monkeypatch):
+    real = os.statvfs(SHM_DIR)
+
+    class Tiny:
+        f_bavail, f_frsize, f_bsize = 1, 4096, real.f_bsize
+
+    before = _segments()
+    monkeypatch.setattr(ring_mod.os, "statvfs", lambda path: Tiny())
+    with pytest.raises(infeed.ShmSpaceError) as info:
+        Ring.create(_template(), slots=4, lock_memory=False)
+    err = info.value
+    assert err.free == 4096 and err.needed > err.free and err.errno == errno.ENOSPC
+    assert f"needs {err.needed} bytes" in str(err) and f"only {err.free} are free" in str(err)
+    assert _segments() == before
+
+
+def test_space_lost_between_check_and_reservation_raises_and_removes_the_segment(monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = _segments()
+    monkeypatch.setattr(ring_mod.os, "posix_fallocate", full)
+    with pytest.raises(infeed.ShmSpaceError, match="bytes but only"):
+        Ring.create(_template(), slots=1, lock_memory=False)
+    assert _segments() == before
+
+
+def test_mlock_refused_is_a_warning_with_the_limit(monkeypatch):
+    monkeypatch.setattr(ring_mod, "_mlock", lambda mapping: errno.ENOMEM)
+    with pytest.warns(RuntimeWarning, match="RLIMIT_MEMLOCK is"):
+        r = Ring.create(_template(), slots=1)
+    r.close()
+
+
+def test_mlock_is_attempted_on_create(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ring_mod, "_mlock", lambda mapping: calls.append(mapping.size) or 0)
+    with Ring.create(_template(), slots=2) as r:
+        assert calls == [r.size]
+
+
+# --- attach ---------------------------------------------------------------------------------
+
+def _poke(path, offset, data):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("check", ["magic", "version", "layout", "steps", "mode", "exists", "state"])
+def test_attach_names_the_check_that_failed(ring, check):
+    name, template = ring.name, _template()
+    if check == "magic":
+        _poke(ring.path, 0, b"NOTARING")
+    elif check == "version":
+        _poke(ring.path, 8, (99).to_bytes(4, "little"))
+    elif check == "state":
+        _poke(ring.path, 12, (0).to_bytes(4, "little"))
+    elif check == "layout":
+        template = _template(batch=5)
+    elif check == "mode":
+        os.chmod(ring.path, 0o644)
+    elif check == "exists":
+        name = name[:-4] + "0000" if not name.endswith("0000") else name[:-4] + "1111"
+    with pytest.raises(infeed.AttachError) as info:
+        if check == "steps":
+            Ring.attach(name, template, steps_per_slot=2)
+        else:
+            Ring.attach(name, template)
+    assert info.value.check == ("layout" if check == "steps" else check)
+    assert info.value.name == name and info.value.check in str(info.value)
+
+
+def test_attach_without_template_recovers_the_layout(ring):
+    with Ring.attach(ring.name) as other:
+        assert other.layout == ring.layout and other.slots == 3 and not other.is_owner
+        assert other.creator_pid == os.getpid()
+    assert os.path.exists(ring.path)  # closing an attached ring never unlinks
+
+
+# --- hand-off -------------------------------------------------------------------------------
+
+def test_batches_arrive_in_order_across_processes_through_few_slots(ring):
+    p = CTX.Process(target=_produce, args=(ring.name, 20))
+    p.start()
+    check = watch_processes([p])
+    for seq in range(20):
+        slot = seq % ring.slots
+        assert ring.acquire_filled(slot, timeout=10, check=check) == seq
+        v = ring.slot_arrays(slot)
+        assert (v["label"] == seq).all() and (v["x"] == seq * 0.5).all()
+        ring.release(slot)
+    p.join(10)
+    assert p.exitcode == 0
+
+
+def test_producer_blocks_while_slot_is_full_and_consumer_while_empty(ring):
+    with pytest.raises(infeed.Timeout) as info:
+        ring.acquire_filled(0, timeout=0.2)
+    assert info.value.seconds == 0.2 and "slot 0 to be filled" in str(info.value)
+    ring.acquire_free(0, timeout=1)
+    ring.publish(0, seq=0)
+    with pytest.raises(infeed.Timeout, match="slot 0 to be free"):
+        ring.acquire_free(0, timeout=0.2)
+    assert ring.acquire_filled(0, timeout=1) == 0
+    ring.release(0)
+    ring.acquire_free(0, timeout=1)
+
+
+def test_consumer_waiting_on_a_sigkilled_producer_raises_worker_died(ring):
+    p = CTX.Process(target=_hang, args=(ring.name, False))
+    p.start()
+    time.sleep(0.2)
+    os.kill(p.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(infeed.WorkerDied) as info:
+        ring.acquire_filled(0, timeout=30, check=watch_processes([p]))
+    assert time.monotonic() - start < 5
+    assert info.value.pid == p.pid and info.value.signal == signal.SIGKILL and "SIGKILL" in str(info.value)
+    p.join()
+
+
+def test_default_check_finds_a_dead_registered_worker(ring):
+    p = CTX.Process(target=_hang, args=(ring.name, True))
+    p.start()
+    deadline = time.monotonic() + 10
+    while not ring.workers() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ring.workers()[0]["pid"] == p.pid
+    os.kill(p.pid, signal.SIGKILL)
+    with pytest.raises(infeed.WorkerDied) as info:
+        ring.acquire_filled(1, timeout=30)  # p is a zombie until joined: still counted as dead
+    assert info.value.pid == p.pid
+    p.join()
+
+
+def test_error_record_keeps_the_first_failure(ring):
+    err = infeed.DecodeError("x", 12, "3 floats", "2 floats", path="a.tfrecord")
+    assert ring.set_error(err, pid=1234)
+    assert not ring.set_error(ValueError("later"))
+    rec = Ring.attach(ring.name).error()
+    assert rec.pid == 1234 and isinstance(rec.exception, infeed.DecodeError)
+    assert rec.exception.record_index == 12 and "DecodeError" in rec.message
+    with pytest.raises(infeed.DecodeError):
+        rec.raise_()
+
+
+def test_error_record_is_json_and_rebuilds_only_known_types(ring):
+    class Custom(Exception):
+        pass
+    assert ring.set_error(Custom("boom"))
+    raw = bytes(ring._error["payload"][:int(ring._error["len"])])
+    assert json.loads(raw)["type"] == "Custom"                 # data, never a pickle
+    rec = ring.error()
+    assert rec.exception is None and rec.message == "Custom: boom"
+    with pytest.raises(infeed.InfeedError, match="Custom: boom"):
+        rec.raise_()
+
+
+def test_builtin_exceptions_come_back_with_the_producer_traceback():
+    with Ring.create(_template(), slots=1, lock_memory=False) as r:
+        try:
+            raise KeyError("missing")
+        except KeyError as e:
+            r.set_error(e)
+        exc = r.error().exception
+        assert isinstance(exc, KeyError) and exc.args == ("missing",)
+        assert any("Raised in the producer process" in n for n in exc.__notes__)
+
+
+def test_error_record_truncates_what_does_not_fit():
+    with Ring.create(_template(), slots=1, lock_memory=False) as r:
+        assert r.error() is None
+        r.set_error(RuntimeError("x" * 100_000), signal=11)
+        rec = r.error()
+        assert rec.exception is None and rec.signal == 11 and rec.message.startswith("RuntimeError: xxx")
+        assert len(rec.message) < ring_mod.ERROR_PAYLOAD
+
+
+# --- cleanup --------------------------------------------------------------------------------
+
+def test_close_unlinks_and_views_stay_valid():
+    r = Ring.create(_template(), slots=2, lock_memory=False)
+    x = r.slot_arrays(1)["x"]
+    r.close()
+    r.close()
+    assert not os.path.exists(r.path) and r.closed
+    x[:] = 3.0  # the pages live until the last view goes
+    assert x.sum() == 36.0
+    with pytest.raises(ValueError, match="closed"):
+        r.slot_arrays(0)
+
+
+def test_an_exception_in_the_with_block_unlinks():
+    with pytest.raises(KeyError):
+        with Ring.create(_template(), slots=1, lock_memory=False) as r:
+            path = r.path
+            assert os.path.exists(path)
+            raise KeyError("boom")
+    assert not os.path.exists(path)
+
+
+def test_fifty_cycles_leave_no_segment_and_no_descriptor():
+    before = _segments()
+    for _ in range(50):
+        with Ring.create(_template(), slots=2) as r:
+            r.slot_arrays(0)["x"][:] = 1
+            with Ring.attach(r.name) as other:
+                other.slot_arrays(1)
+                assert _segment_fds() == []  # no descriptor is kept once mapped
+    assert _segments() == before and _segment_fds() == []
+
+
+def test_interpreter_exit_unlinks_an_unclosed_ring():
+    p = _run_python("""
+        from infeed.ring import Ring
+        r = Ring.create({"x": ((4,), "float32")}, slots=1, lock_memory=False)
+        print(r.path, flush=True)
+    """)
+    path = p.stdout.readline().strip()
+    p.stdout.close()
+    assert p.wait(30) == 0
+    assert path.startswith(SHM_DIR) and not os.path.exists(path)
+
+
+def test_sigterm_unlinks_and_still_kills():
+    p = _run_python("""
+        import time
+        from infeed.ring import Ring
+        r = Ring.create({"x": ((4,), "float32")}, slots=1, lock_memory=False)
+        print(r.path, flush=True)
+        time.sleep(60)
+    """)
+    path = p.stdout.readline().strip()
+    p.stdout.close()
+    assert os.path.exists(path)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == -signal.SIGTERM
+    assert not os.path.exists(path)
+
+
+def test_ctrl_c_during_a_wait_interrupts_it_and_unlinks():
+    p = _run_python("""
+        from infeed.ring import Ring
+        with Ring.create({"x": ((4,), "float32")}, slots=1, lock_memory=False) as r:
+            print(r.path, flush=True)
+            try:
+                r.acquire_filled(0, timeout=60)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+                raise
+    """)
+    path = p.stdout.readline().strip()
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    assert p.stdout.readline().strip() == "interrupted"
+    p.stdout.close()
+    assert p.wait(30) != 0
+    assert not os.path.exists(path)
