@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/python -m infeed.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python -m bench decode

@@ -47,19 +47,18 @@ Example::
 
 from __future__ import annotations
 
+import builtins
 import errno
 import hashlib
 import json
 import os
-import builtins
-import json
-import traceback
 import resource
 import secrets
 import signal
 import stat
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from typing import Any, Callable, Mapping as TypingMapping, NamedTuple
