@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test bench fuzz clean
+.PHONY: demo test bench fuzz asan clean
 
 $(STAMP): setup.py pyproject.toml $(wildcard infeed/*.pyx infeed/*.pxd infeed/*.h infeed/_crc32c.c)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,5 +25,11 @@ fuzz: $(STAMP)
 	$(BIN)/python -m pip install -q 'atheris>=2.3,<4'
 	$(BIN)/python tests/fuzz/fuzz_infeed.py -max_total_time=$${FUZZ_SECONDS:-60}
 
+# The extensions rebuilt with AddressSanitizer + UBSan into build/asan (the in-place .so files
+# are left alone) and the atheris harness run against them for ASAN_SECONDS (default 60).
+asan: $(STAMP)
+	$(BIN)/python -m pip install -q 'atheris>=2.3,<4' 'Cython>=3.0.10,<4' 'setuptools>=68,<90'
+	PY=$(BIN)/python ASAN_SECONDS=$${ASAN_SECONDS:-60} tests/fuzz/run_asan.sh
+
 clean:
-	rm -rf $(VENV) build *.egg-info infeed/*.so infeed/_tfrecord.c infeed/_example.c
+	rm -rf $(VENV) build *.egg-info infeed/*.so infeed/_tfrecord.c infeed/_example.c infeed/_ring.c
