@@ -12,3 +12,6 @@ def fixtures_dir() -> Path:
     if not (FIXTURES / "expected.json").exists():
         pytest.skip(f"TensorFlow fixtures not found at {FIXTURES} (set INFEED_FIXTURES)")
     return FIXTURES
+
+# The atheris harness is a program, not a test module (and needs atheris): keep --doctest-modules out of it.
+collect_ignore = ["fuzz/fuzz_infeed.py"]
