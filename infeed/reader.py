@@ -60,6 +60,7 @@ class _Decompressing:
         self._z = zlib.decompressobj(self._wbits)
         self._pending = b""
         self._raw_eof = False
+        self._started = False        # the current member has consumed input
 
     def readinto(self, view) -> int:
         want = len(view)
@@ -91,8 +92,6 @@ class _Decompressing:
             if out:
                 view[: len(out)] = out
                 return len(out)
-
-    _started = False
 
     def close(self):
         self._raw.close()
@@ -129,10 +128,11 @@ class _Peeked:
         self._head = head
 
     def read(self, n=-1):
-        if self._head:
-            out, self._head = self._head[:n] if n >= 0 else self._head, self._head[n:] if n >= 0 else b""
-            return out
-        return self._raw.read(n)
+        if not self._head:
+            return self._raw.read(n)
+        cut = len(self._head) if n < 0 else n
+        out, self._head = self._head[:cut], self._head[cut:]
+        return out
 
     def readinto(self, view):
         if self._head:
