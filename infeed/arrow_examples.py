@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from infeed._native import _example
 from infeed.errors import InfeedError
+from infeed.example import varint
 
 __all__ = ["ColumnError", "ColumnPlan", "plan_columns", "plan_column", "encode_batch"]
 
@@ -121,7 +122,7 @@ def encode_batch(batch: pa.RecordBatch, plans: list[ColumnPlan], first_row: int 
     if not plans:
         return [b""] * batch.num_rows
     columns = [_encode_column(plan, batch.column(i), first_row) for i, plan in enumerate(plans)]
-    return [b"\x0a" + _length(len(body)) + body if body else b""
+    return [b"\x0a" + varint(len(body)) + body if body else b""
             for body in map(b"".join, zip(*columns))]
 
 
@@ -174,16 +175,6 @@ def _scalar_kind(name, arrow_type, t, temporal_as_int64):
 # ---------------------------------------------------------------------------
 # Encoding
 
-#: Length prefixes (protobuf varints) of 0..16383, the lengths nearly every field has.
-_SHORT_VARINTS = [bytes([n]) if n < 0x80 else bytes([n & 0x7F | 0x80, n >> 7]) for n in range(1 << 14)]
-
-
-def _length(n: int) -> bytes:
-    if n < 16384:
-        return _SHORT_VARINTS[n]
-    return _example.encode_varints(np.array([n], np.int64))
-
-
 def _varint_sizes(values: np.ndarray) -> np.ndarray:
     """Bytes each int64 takes as a protobuf varint (negative values: 10)."""
     u = values.view(np.uint64)
@@ -214,7 +205,7 @@ def _encode_column(plan: ColumnPlan, column: pa.Array, first_row: int) -> list[b
     row_ends = value_ends[np.cumsum(counts)]
     row_starts = np.concatenate(([0], row_ends[:-1])).tolist()
     tag = _KIND_TAG[plan.kind]
-    key = b"\x0a" + _length(len(plan.name.encode())) + plan.name.encode() + b"\x12"
+    key = b"\x0a" + varint(len(plan.name.encode())) + plan.name.encode() + b"\x12"
     packed = plan.kind != "bytes"
     out = []
     for ok, start, end in zip(valid.tolist(), row_starts, row_ends.tolist()):
@@ -223,10 +214,10 @@ def _encode_column(plan: ColumnPlan, column: pa.Array, first_row: int) -> list[b
             continue
         values_list = payload[start:end]
         if packed and values_list:
-            values_list = b"\x0a" + _length(end - start) + values_list
-        feature = tag + _length(len(values_list)) + values_list
-        entry = key + _length(len(feature)) + feature
-        out.append(b"\x0a" + _length(len(entry)) + entry)
+            values_list = b"\x0a" + varint(end - start) + values_list
+        feature = tag + varint(len(values_list)) + values_list
+        entry = key + varint(len(feature)) + feature
+        out.append(b"\x0a" + varint(len(entry)) + entry)
     return out
 
 
@@ -236,7 +227,7 @@ def _values_payload(plan, values, counts, first_row):
     if plan.kind == "bytes":
         if not (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)):
             values = values.cast(pa.large_binary() if pa.types.is_large_string(t) else pa.binary())
-        items = [b"\x0a" + _length(len(v)) + v for v in values.to_pylist()]
+        items = [b"\x0a" + varint(len(v)) + v for v in values.to_pylist()]
         ends = np.zeros(len(items) + 1, np.int64)
         np.cumsum([len(v) for v in items], out=ends[1:])
         return b"".join(items), ends

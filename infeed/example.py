@@ -139,10 +139,17 @@ def _key(name: str) -> bytes:
 
 
 def _len_prefixed(field_tag: int, payload: bytes) -> bytes:
-    return bytes([field_tag]) + _varint(len(payload)) + payload
+    return bytes([field_tag]) + varint(len(payload)) + payload
 
 
-def _varint(n: int) -> bytes:
+#: Varints of 0..16383: the lengths nearly every field has.
+_SHORT_VARINTS = [bytes([n]) if n < 0x80 else bytes([n & 0x7F | 0x80, n >> 7]) for n in range(1 << 14)]
+
+
+def varint(n: int) -> bytes:
+    """The protobuf varint of a non-negative int below 2**64 (lengths, tags, int64 bit patterns)."""
+    if n < 16384:
+        return _SHORT_VARINTS[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -157,7 +164,7 @@ def _feature(name, value) -> bytes:
     if kind is int:                                   # fast paths: plain Python scalars
         if not -(2**63) <= value < 2**63:
             raise ValueError(f"feature {name!r} has integers outside int64")
-        return _len_prefixed(0x1A, _len_prefixed(0x0A, _varint(value & 0xFFFFFFFFFFFFFFFF)))
+        return _len_prefixed(0x1A, _len_prefixed(0x0A, varint(value & 0xFFFFFFFFFFFFFFFF)))
     if kind is float and -3.4028234663852886e38 <= value <= 3.4028234663852886e38:
         return _FLOAT_SCALAR_PREFIX + _FLOAT32.pack(value)
     if isinstance(value, (bytes, bytearray, memoryview, str)):
