@@ -116,6 +116,31 @@ def frame(data):
     return out
 
 
+def unframe(frame, str path, int64_t record_index, int64_t offset, int64_t length):
+    """The data of one framed record read at ``offset`` (random access through an index),
+    after checking that its header says ``length`` and that both CRCs verify."""
+    cdef const uint8_t[::1] b = frame
+    cdef Py_ssize_t n = b.shape[0]
+    cdef const uint8_t *p
+    if length < 0 or n != HEADER + length + FOOTER:
+        raise CorruptRecordError(path, record_index, offset, "truncated_data",
+                                 f"read {n} bytes where the index promises {length + HEADER + FOOTER}")
+    p = &b[0]
+    if not header_ok(p):
+        raise CorruptRecordError(path, record_index, offset, "length_crc",
+                                 f"length field reads {load_u64(p)} (is the index stale?)")
+    if load_u64(p) != <uint64_t>length:
+        raise CorruptRecordError(path, record_index, offset, "length_crc",
+                                 f"length field reads {load_u64(p)}, the index says {length} (is it stale?)")
+    cdef uint32_t want
+    with nogil:
+        want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, <size_t>length))
+    if want != load_u32(p + HEADER + length):
+        raise CorruptRecordError(path, record_index, offset, "data_crc",
+                                 f"stored {hex(load_u32(p + HEADER + length))}, computed {hex(want)}")
+    return PyBytes_FromStringAndSize(<const char *>p + HEADER, <Py_ssize_t>length)
+
+
 def looks_like_tfrecord(head):
     """True when ``head`` (at least 12 bytes) starts with a valid TFRecord header."""
     cdef const uint8_t[:] b = head
@@ -259,6 +284,24 @@ cdef class RecordReader:
         return "; is this a TFRecord file?"
 
     def __next__(self):
+        out = self._step(True)
+        if out is None:
+            raise StopIteration
+        return out
+
+    def skip(self, Py_ssize_t n):
+        """Moves past up to ``n`` records, checking their framing (header CRC and length) but
+        neither copying nor checking their data; returns how many it passed (fewer at the end).
+        The reader that owns those records checks them."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        cdef Py_ssize_t done = 0
+        while done < n and self._step(False) is not None:
+            done += 1
+        return done
+
+    cdef object _step(self, bint want_data):
+        """The next record's bytes (``want_data``) or True (skipped), or None at the end."""
         cdef uint64_t length
         cdef Py_ssize_t avail
         cdef int64_t offset, total, left
@@ -271,19 +314,19 @@ cdef class RecordReader:
             avail = self.end - self.start
             offset = self.buf_offset + self.start
             if avail == 0:
-                raise StopIteration
+                return None
             if avail < HEADER:
                 if self._corrupt(offset, "truncated_header",
                                  f"{avail} of {HEADER} header bytes before the end of the file"):
                     continue
-                raise StopIteration
+                return None
             p = self.buf + self.start
             if not header_ok(p):
                 if self._corrupt(offset, "length_crc", f"length field reads {load_u64(p)}, CRC stored "
                                  + hex(load_u32(p + 8)) + ", computed "
                                  + hex(infeed_crc32c_mask(infeed_crc32c_extend(0, p, 8))) + self._hint()):
                     continue
-                raise StopIteration
+                return None
             length = load_u64(p)
             left = self.size - offset - HEADER - FOOTER
             if self.size >= 0 and (left < 0 or length > <uint64_t>left):
@@ -291,11 +334,11 @@ cdef class RecordReader:
                 if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
                                  f"length {length}, {total - offset - HEADER} bytes left after the header"):
                     continue
-                raise StopIteration
+                return None
             if length > (<uint64_t>1 << 62):
                 if self._corrupt(offset, "length_exceeds_file", f"length {length}"):
                     continue
-                raise StopIteration
+                return None
             self._ensure(HEADER + <Py_ssize_t>length + FOOTER)
             avail = self.end - self.start
             if avail < HEADER + <Py_ssize_t>length + FOOTER:
@@ -303,8 +346,12 @@ cdef class RecordReader:
                 if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
                                  f"length {length}, {avail - HEADER} bytes left after the header"):
                     continue
-                raise StopIteration
+                return None
             p = self.buf + self.start
+            if not want_data:
+                self.start += HEADER + <Py_ssize_t>length + FOOTER
+                self.records_read += 1
+                return True
             if length >= NOGIL_BYTES:      # below this, releasing the GIL costs more than it frees
                 with nogil:
                     want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, length))
@@ -314,7 +361,7 @@ cdef class RecordReader:
             if want != got:
                 if self._corrupt(offset, "data_crc", f"stored {hex(got)}, computed {hex(want)}"):
                     continue
-                raise StopIteration
+                return None
             out = PyBytes_FromStringAndSize(<const char *>p + HEADER, <Py_ssize_t>length)
             self.start += HEADER + <Py_ssize_t>length + FOOTER
             self.records_read += 1
@@ -326,10 +373,10 @@ cdef class RecordReader:
             raise ValueError(f"max_records must be >= 0, got {max_records}")
         out = []
         while len(out) < max_records:
-            try:
-                out.append(self.__next__())
-            except StopIteration:
+            record = self._step(True)
+            if record is None:
                 break
+            out.append(record)
         return out
 
     cdef bint _corrupt(self, int64_t offset, str kind, str detail) except -1:

@@ -70,13 +70,13 @@ from infeed import errors as errors_module
 from infeed.errors import AttachError, InfeedError, ShmSpaceError, Timeout, WorkerDied
 from infeed.spec import Padded
 
-__all__ = ["Ring", "RingError", "layout_of", "watch_processes", "SHM_DIR",
-           "FREE", "WRITING", "FILLED", "READING"]
+__all__ = ["Ring", "RingError", "SlotInfo", "layout_of", "watch_processes", "SHM_DIR",
+           "FREE", "WRITING", "FILLED", "READING", "SLOT_ERROR", "SLOT_END"]
 
 #: Where POSIX shared-memory segments live on Linux.
 SHM_DIR = "/dev/shm"
 MAGIC = b"INFEEDRB"
-VERSION = 1
+VERSION = 2
 ALIGN = 64
 #: How often a waiter wakes to check its peer is alive (it wakes at once on a post).
 CHECK_INTERVAL = 0.1
@@ -94,9 +94,14 @@ _HEADER = np.dtype([
     ("creator_pid", "<i8"), ("creator_uid", "<u4"), ("steps_per_slot", "<u4"),
     ("data_offset", "<u8"), ("total_size", "<u8"), ("layout_offset", "<u8"), ("layout_len", "<u8"),
     ("sem_offset", "<u8"), ("table_offset", "<u8"), ("workers_offset", "<u8"), ("error_offset", "<u8"),
+    ("creator_start", "<i8"), ("created_unix_ns", "<i8"), ("stop", "<u4"), ("_pad", "<u4"),
+    ("taken", "<i8"), ("stalls", "<i8"), ("stall_ns", "<i8"), ("cursor", "<i8", (2,)),
+    ("meta_offset", "<u8"), ("meta_len", "<u8"),
 ])
-_SLOT = np.dtype([("state", "<u4"), ("_pad", "<u4"), ("seq", "<i8"), ("pid", "<i8"), ("_pad2", "<i8")])
-_WORKER = np.dtype([("pid", "<i8"), ("start_time", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8")])
+_SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i8"), ("steps", "<i8"),
+                  ("cursor", "<i8", (2,))])
+_WORKER = np.dtype([("pid", "<i8"), ("start_time", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
+                    ("records", "<i8"), ("bytes", "<i8"), ("busy_ns", "<i8"), ("wait_ns", "<i8")])
 _ERROR = np.dtype([("set", "<u4"), ("signal", "<i4"), ("pid", "<i8"), ("len", "<u8"), ("_pad", "<u8"),
                    ("payload", "u1", (ERROR_PAYLOAD,))])
 _SEM_STRIDE = ALIGN
@@ -299,6 +304,19 @@ def _decode_error(payload: bytes) -> tuple[str, BaseException | None]:
     return message, exc
 
 
+#: Slot flags: the producer failed at this slot (see :meth:`Ring.error`); the data ended before it.
+SLOT_ERROR, SLOT_END = 1, 2
+
+
+class SlotInfo(NamedTuple):
+    """What a producer published with a slot (:meth:`Ring.publish`)."""
+
+    seq: int
+    flags: int
+    steps: int
+    cursor: tuple[int, int]
+
+
 class RingError(NamedTuple):
     """The error record of a ring: who failed and with what."""
 
@@ -332,6 +350,7 @@ class Ring:
         self.max_workers = int(h["max_workers"])
         self.size = int(h["total_size"])
         self.creator_pid = int(h["creator_pid"])
+        self._creator_start = int(h["creator_start"])
         self._data = int(h["data_offset"])
         self._sems = int(h["sem_offset"])
         self._table = np.frombuffer(mapping, _SLOT, self.slots, int(h["table_offset"]))
@@ -343,7 +362,7 @@ class Ring:
 
     @classmethod
     def create(cls, template: TypingMapping[str, Any], slots: int, *, steps_per_slot: int = 1,
-               max_workers: int = 64, lock_memory: bool = True) -> "Ring":
+               max_workers: int = 64, lock_memory: bool = True, meta: bytes = b"") -> "Ring":
         """Creates a new segment for ``slots`` slots laid out as ``template``.
 
         ``template``: ``ExampleParser.allocate(batch_size)``'s output, or
@@ -351,6 +370,8 @@ class Ring:
         ``steps_per_slot``: K > 1 stacks K batches ``[K, B, ...]`` per slot.
         ``max_workers``: entries in the worker heartbeat table.
         ``lock_memory``: ``mlock`` the pages (a warning when the limit forbids it).
+        ``meta``: bytes stored with the ring for those who attach (:attr:`meta`), such
+        as the description of what the producers put in it.
         """
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, found {slots!r}")
@@ -363,7 +384,9 @@ class Ring:
         _, slot_size = _slot_plan(layout, steps_per_slot)
 
         layout_offset = 256
-        sem_offset = _align(layout_offset + len(layout_bytes))
+        meta = bytes(meta)
+        meta_offset = _align(layout_offset + len(layout_bytes))
+        sem_offset = _align(meta_offset + len(meta))
         table_offset = _align(sem_offset + (2 * slots + 1) * _SEM_STRIDE)
         workers_offset = _align(table_offset + slots * _SLOT.itemsize)
         error_offset = _align(workers_offset + max_workers * _WORKER.itemsize)
@@ -404,11 +427,14 @@ class Ring:
             h["magic"], h["version"], h["layout_hash"] = MAGIC, VERSION, hashlib.sha256(layout_bytes).digest()
             h["slots"], h["max_workers"], h["slot_size"] = slots, max_workers, slot_size
             h["creator_pid"], h["creator_uid"], h["steps_per_slot"] = pid, uid, steps_per_slot
+            h["creator_start"], h["created_unix_ns"] = _start_time(pid) or 0, time.time_ns()
             h["data_offset"], h["total_size"] = data_offset, total
             h["layout_offset"], h["layout_len"] = layout_offset, len(layout_bytes)
             h["sem_offset"], h["table_offset"] = sem_offset, table_offset
             h["workers_offset"], h["error_offset"] = workers_offset, error_offset
             buf[layout_offset:layout_offset + len(layout_bytes)] = np.frombuffer(layout_bytes, np.uint8)
+            h["meta_offset"], h["meta_len"] = meta_offset, len(meta)
+            buf[meta_offset:meta_offset + len(meta)] = np.frombuffer(meta, np.uint8)
             for i in range(slots):
                 mapping.sem_init(sem_offset + (2 * i) * _SEM_STRIDE, 1)      # free
                 mapping.sem_init(sem_offset + (2 * i + 1) * _SEM_STRIDE, 0)  # filled
@@ -492,6 +518,12 @@ class Ring:
         """``{name: (shape, dtype)}`` of one batch (``Padded`` for padded fields), without the K axis."""
         return _layout_from_json(self._layout_bytes())[0]
 
+    @property
+    def meta(self) -> bytes:
+        """The ``meta`` bytes given to :meth:`create`."""
+        h = self._header
+        return bytes(np.frombuffer(self._map, np.uint8, int(h["meta_len"]), int(h["meta_offset"])))
+
     def _layout_bytes(self) -> bytes:
         h = self._header
         return bytes(np.frombuffer(self._map, np.uint8, int(h["layout_len"]), int(h["layout_offset"])))
@@ -558,10 +590,18 @@ class Ring:
         t = self._table[i]
         t["state"], t["pid"] = WRITING, os.getpid()
 
-    def publish(self, i: int, seq: int) -> None:
-        """Producer: marks slot ``i`` filled with batch number ``seq`` and wakes the consumer."""
+    def publish(self, i: int, seq: int, *, flags: int = 0, steps: int | None = None,
+                cursor: tuple[int, int] = (0, 0)) -> None:
+        """Producer: marks slot ``i`` filled with batch number ``seq`` and wakes the consumer.
+
+        ``flags`` (:data:`SLOT_ERROR`, :data:`SLOT_END`), ``steps`` (how many of the
+        slot's ``steps_per_slot`` batches hold data; all by default) and ``cursor``
+        (two integers the producer attaches, e.g. where the input resumes after this
+        slot) travel with the slot: read them with :meth:`slot_info`.
+        """
         i = self._check_slot(i)
         t = self._table[i]
+        t["flags"], t["steps"], t["cursor"] = flags, self.steps_per_slot if steps is None else steps, cursor
         t["seq"], t["state"] = seq, FILLED
         self._map.sem_post(self._sems + (2 * i + 1) * _SEM_STRIDE)
 
@@ -584,6 +624,11 @@ class Ring:
         i = self._check_slot(i)
         self._table[i]["state"] = FREE
         self._map.sem_post(self._sems + 2 * i * _SEM_STRIDE)
+
+    def slot_info(self, i: int) -> SlotInfo:
+        """What the producer published with slot ``i``: seq, flags, steps and cursor."""
+        t = self._table[self._check_slot(i)]
+        return SlotInfo(int(t["seq"]), int(t["flags"]), int(t["steps"]), (int(t["cursor"][0]), int(t["cursor"][1])))
 
     def slot_state(self, i: int) -> tuple[str, int]:
         """(``"free" | "writing" | "filled" | "reading"``, last batch number) of slot ``i``."""
@@ -611,7 +656,8 @@ class Ring:
         """The registered workers: index, pid, seconds since their last heartbeat, batches."""
         now = time.monotonic_ns()
         return [{"index": k, "pid": int(w["pid"]), "since_beat": (now - int(w["beat_ns"])) / 1e9,
-                 "batches": int(w["batches"])}
+                 "batches": int(w["batches"]), "records": int(w["records"]), "bytes": int(w["bytes"]),
+                 "busy_s": int(w["busy_ns"]) / 1e9, "wait_s": int(w["wait_ns"]) / 1e9}
                 for k, w in enumerate(self._workers) if w["pid"] > 0]
 
     def check_workers(self) -> None:
@@ -623,9 +669,32 @@ class Ring:
                 if started is None or (w["start_time"] and started != int(w["start_time"])):
                     raise WorkerDied(pid, detail=f"registered with ring {self.name}, no longer running")
 
+    def worker_entry(self, index: int):
+        """Worker ``index``'s writable entry: pid, beat_ns and the counters batches, records,
+        bytes, busy_ns and wait_ns that :meth:`workers` reports."""
+        if not 0 <= index < self.max_workers:
+            raise IndexError(f"worker {index} out of range for max_workers={self.max_workers}")
+        return self._workers[index]
+
+    @property
+    def consumer(self):
+        """The consumer's writable counters in the header: taken, stalls, stall_ns and cursor."""
+        return self._header
+
+    def request_stop(self) -> None:
+        """Asks the producers to stop, waking those that wait for a free slot."""
+        self._header["stop"] = 1
+        for i in range(self.slots):
+            self._map.sem_post(self._sems + 2 * i * _SEM_STRIDE)
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self._header["stop"])
+
     def owner_alive(self) -> bool:
-        """Whether the process that created the ring is still running."""
-        return _start_time(self.creator_pid) is not None
+        """Whether the process that created the ring is still running (a reused pid does not count)."""
+        started = _start_time(self.creator_pid)
+        return started is not None and (not self._creator_start or started == self._creator_start)
 
     def check_owner(self) -> None:
         """Raises :class:`~infeed.InfeedError` when the ring's creator is gone."""
@@ -664,6 +733,16 @@ class Ring:
     @property
     def closed(self) -> bool:
         return self._map is None
+
+    def unlink_if_orphaned(self) -> bool:
+        """Removes the segment when its creator is gone (it can no longer do so); True if removed."""
+        if self.owner_alive():
+            return False
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        return True
 
     def close(self) -> None:
         """Detaches; the creator also unlinks the segment. Views already taken stay valid."""

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["FixedLen", "VarLen", "Bytes", "Padded", "Feature", "NUMERIC_DTYPES"]
+__all__ = ["FixedLen", "VarLen", "Bytes", "Padded", "Feature", "NUMERIC_DTYPES", "spec_to_json", "spec_from_json"]
 
 #: Numeric dtypes a spec may ask for, and the Example kind each is read from.
 NUMERIC_DTYPES = {"float32": "float", "int64": "int64", "int32": "int64"}
@@ -137,3 +137,48 @@ def _same_default(a, b) -> bool:
     if a is None or b is None:
         return a is b
     return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+
+
+def spec_to_json(spec) -> dict:
+    """A spec as plain JSON data (for ``infeed serve --config`` and the worker processes).
+
+    >>> spec_from_json(spec_to_json({"x": FixedLen((2,), "int64", default=7)}))["x"]
+    FixedLen(shape=(2,), dtype='int64', default=array([7, 7]))
+    """
+    out = {}
+    for name, f in spec.items():
+        if isinstance(f, FixedLen):
+            out[name] = {"kind": "FixedLen", "shape": list(f.shape), "dtype": f.dtype,
+                         "default": None if f.default is None else f.default.tolist()}
+        elif isinstance(f, VarLen):
+            out[name] = {"kind": "VarLen", "dtype": f.dtype, "max_len": f.max_len,
+                         "pad": np.asarray(f.pad).item(), "truncate": f.truncate}
+        elif isinstance(f, Bytes):
+            out[name] = {"kind": "Bytes", "max_bytes": f.max_bytes, "truncate": f.truncate,
+                         "default": None if f.default is None else f.default.hex()}
+        else:
+            raise ValueError(f"spec[{name!r}] must be FixedLen, VarLen or Bytes, got {f!r}")
+    return out
+
+
+def spec_from_json(doc) -> dict:
+    """The spec :func:`spec_to_json` wrote; a clear ValueError for anything else."""
+    if not isinstance(doc, dict) or not doc:
+        raise ValueError(f"a feature spec is a non-empty JSON object, found {doc!r:.200}")
+    out = {}
+    for name, f in doc.items():
+        fields = dict(f) if isinstance(f, dict) else {}
+        kind = fields.pop("kind", None)
+        try:
+            if kind == "FixedLen":
+                out[name] = FixedLen(tuple(fields.pop("shape", ())), **fields)
+            elif kind == "VarLen":
+                out[name] = VarLen(**fields)
+            elif kind == "Bytes":
+                default = fields.pop("default", None)
+                out[name] = Bytes(default=None if default is None else bytes.fromhex(default), **fields)
+            else:
+                raise ValueError("kind must be FixedLen, VarLen or Bytes")
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"feature {name!r}: {e} (found {f!r:.200})") from None
+    return out
