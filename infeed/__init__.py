@@ -1,5 +1,7 @@
 """infeed: TFRecord reading, writing and tf.train.Example decoding into fixed-shape batches."""
 
+from infeed.daemon import Batch, Daemon, Feed, attach
+from infeed.dataset import Dataset
 from infeed.errors import AttachError, CorruptRecordError, DecodeError, InfeedError, ShmSpaceError, Timeout, WorkerDied
 from infeed.example import ExampleParser, decode_example, encode_example, parse_examples
 from infeed.reader import read_records
@@ -9,10 +11,14 @@ from infeed.writer import TFRecordWriter
 
 __all__ = [
     "AttachError",
+    "Batch",
     "Bytes",
     "CorruptRecordError",
+    "Daemon",
+    "Dataset",
     "DecodeError",
     "ExampleParser",
+    "Feed",
     "FixedLen",
     "InfeedError",
     "Padded",
@@ -22,6 +28,7 @@ __all__ = [
     "Timeout",
     "VarLen",
     "WorkerDied",
+    "attach",
     "decode_example",
     "encode_example",
     "parse_examples",

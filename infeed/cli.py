@@ -27,6 +27,9 @@ __all__ = ["COMMANDS", "build_parser", "main", "positive_int"]
 COMMANDS = {
     "convert": "infeed.convert",
     "inspect": "infeed.inspect_file",
+    "serve": "infeed.serve",
+    "stats": "infeed.stats",
+    "gc": "infeed.gc",
 }
 
 #: Missing or unusable inputs: the command cannot run as asked.
@@ -36,7 +39,8 @@ _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError, Permission
 def build_parser() -> argparse.ArgumentParser:
     """The ``infeed`` argument parser, with one subparser per entry of :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(prog="infeed", description="TFRecord tools: convert tables to "
-                                     "TFRecord files, inspect what a file holds.")
+                                     "TFRecord files, inspect what a file holds, serve batches from a decoding "
+                                     "daemon and look after its shared-memory rings.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)

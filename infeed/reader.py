@@ -7,7 +7,7 @@ import zlib
 
 from infeed._native import _tfrecord
 
-__all__ = ["read_records", "open_input", "COMPRESSIONS", "RecordReader"]
+__all__ = ["read_records", "open_input", "open_random_access", "COMPRESSIONS", "RecordReader"]
 
 RecordReader = _tfrecord.RecordReader
 
@@ -35,6 +35,41 @@ def open_input(path: str):
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"no such file: {path}")
     return fs.open_input_stream(inner, compression=None), (info.size if info.size is not None else -1)
+
+
+class _LocalRandomAccess:
+    def __init__(self, path: str):
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        return os.pread(self._fd, n, offset)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class _ArrowRandomAccess:
+    def __init__(self, stream):
+        self._stream = stream
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        return self._stream.read_at(n, offset).to_pybytes()
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def open_random_access(path: str):
+    """An object with ``read_at(offset, n) -> bytes`` and ``close()`` for a path or URI."""
+    path = os.fspath(path)
+    if not _is_uri(path):
+        return _LocalRandomAccess(path)
+    import pyarrow.fs as pafs
+
+    fs, inner = pafs.FileSystem.from_uri(path)
+    return _ArrowRandomAccess(fs.open_input_file(inner))
 
 
 def open_output(path: str):

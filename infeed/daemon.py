@@ -1,0 +1,301 @@
+"""The decoding daemon: worker processes filling a shared-memory ring, and the trainer's iterator over it.
+
+>>> with Daemon(ds, num_workers=2, slots=8) as feed:            # doctest: +SKIP
+...     for batch in feed:              # a dict of numpy views into a ring slot, no copies
+...         train_step(batch)           # the slot goes back to the workers at the next batch
+...     state = feed.state()            # Daemon(ds, state=state) resumes at the next batch
+
+:class:`Feed` is the consumer side alone; :func:`attach` gives one for a ring
+that another process serves (``infeed serve``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from infeed.dataset import Dataset
+from infeed.errors import InfeedError, WorkerDied
+from infeed.ring import SLOT_END, SLOT_ERROR, Ring
+from infeed.spec import Padded
+
+__all__ = ["Batch", "Feed", "Daemon", "attach", "STATE_VERSION"]
+
+#: Version of the dict :meth:`Feed.state` returns.
+STATE_VERSION = 1
+#: Exit status of a worker that stopped after writing its failure to the ring.
+REPORTED_ERROR = 3
+#: Seconds the workers get to stop on their own before they are killed.
+STOP_GRACE = 5.0
+
+
+class Batch(dict):
+    """One batch, or ``steps_per_slot`` batches stacked ``[K, B, ...]``: ``{name: numpy view}``.
+
+    The arrays are views into a ring slot. The slot goes back to the workers
+    when the next batch is taken, or at :meth:`release`; after that the
+    arrays may be overwritten at any time: copy what must outlive the batch.
+    ``seq`` is the batch's position since the daemon started (in slots).
+    """
+
+    __slots__ = ("seq", "_feed")
+
+    def release(self) -> None:
+        """Hands the slot back to the workers now (idempotent)."""
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            feed._release(self.seq)
+
+
+class Feed:
+    """The consumer of a ring of batches: iterate for :class:`Batch` es in order.
+
+    ``check`` raises when a producer is gone (called every 0.1 s while waiting);
+    ``timeout`` (seconds) bounds each wait for a batch with :class:`~infeed.Timeout`.
+    """
+
+    def __init__(self, ring: Ring, dataset: Dataset, check: Callable[[int], None], timeout: float | None = None):
+        self.ring = ring
+        self.dataset = dataset
+        self.timeout = timeout
+        self._check_for = check
+        self._next = int(ring.consumer["taken"])
+        self._held: int | None = None
+        self._ended = False
+        self._views: list = [None] * ring.slots
+        self._fingerprint = dataset.fingerprint()
+
+    # --- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> "Feed":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._held is not None:
+            self._release(self._held)
+        if self._ended:
+            raise StopIteration
+        ring, seq = self.ring, self._next
+        if ring.closed:
+            raise InfeedError("the feed is closed")
+        slot = seq % ring.slots
+        began = time.perf_counter_ns()
+        ring.acquire_filled(slot, self.timeout, lambda: self._check_for(seq))
+        header = ring.consumer
+        header["stall_ns"] += time.perf_counter_ns() - began
+        info = ring.slot_info(slot)
+        if info.seq != seq:
+            raise InfeedError(f"ring {ring.name}: slot {slot} holds batch {info.seq} where {seq} was due")
+        if info.flags & SLOT_ERROR:
+            ring.release(slot)
+            self._ended = True
+            error = ring.error()
+            if error is None:
+                raise InfeedError(f"ring {ring.name}: a worker failed at batch {seq} without saying why")
+            error.raise_()
+        if info.flags & SLOT_END:
+            header["cursor"] = info.cursor
+            ring.release(slot)
+            self._ended = True
+            raise StopIteration
+        views = self._views[slot]
+        if views is None:
+            views = self._views[slot] = ring.slot_arrays(slot)
+        batch = Batch(views)
+        if info.steps != ring.steps_per_slot:         # the last slot of the data, partly filled
+            batch = Batch({name: Padded(v.values[:info.steps], v.lengths[:info.steps]) if isinstance(v, Padded)
+                           else v[:info.steps] for name, v in views.items()})
+        batch.seq, batch._feed = seq, self
+        header["taken"] = seq + 1
+        header["cursor"] = info.cursor
+        self._held, self._next = seq, seq + 1
+        return batch
+
+    def _release(self, seq: int) -> None:
+        if self._held == seq:
+            self._held = None
+            if not self.ring.closed:
+                self.ring.release(seq % self.ring.slots)
+
+    # --- state ------------------------------------------------------------------------------
+    def state(self) -> dict:
+        """Where the input stands after the batches taken so far: small and JSON-serialisable.
+
+        ``Daemon(dataset, state=state)`` resumes at exactly the next batch.
+        """
+        epoch, batch = (int(x) for x in self.ring.consumer["cursor"])
+        return {"version": STATE_VERSION, "epoch": epoch, "batch": batch, "seed": self.dataset.seed,
+                "fingerprint": self._fingerprint}
+
+    @property
+    def batch_size(self) -> int:
+        return self.dataset.batch_size
+
+    def close(self) -> None:
+        """Gives back the slot in use and detaches from the ring."""
+        if self._held is not None:
+            self._release(self._held)
+        self.ring.close()
+
+    def __enter__(self) -> "Feed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start_of(dataset: Dataset, state: dict | None) -> tuple[int, int]:
+    """(epoch, batch) where a daemon with ``state`` starts; a clear error for a state of another dataset."""
+    if state is None:
+        return 0, 0
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        raise ValueError(f"not an infeed state (version {STATE_VERSION}): {state!r:.200}")
+    try:
+        epoch, batch, seed, fingerprint = state["epoch"], state["batch"], state["seed"], state["fingerprint"]
+    except KeyError as e:
+        raise ValueError(f"infeed state lacks {e.args[0]!r}: {state!r:.200}") from None
+    if fingerprint != dataset.fingerprint():
+        raise ValueError("the state was saved for another dataset (files, features, batch size, shuffling "
+                         f"or sharding differ: fingerprint {fingerprint}, this dataset's {dataset.fingerprint()})")
+    if seed != dataset.seed:
+        raise ValueError(f"the state was saved with seed {seed}, this dataset has seed {dataset.seed}")
+    if not all(isinstance(x, int) and x >= 0 for x in (epoch, batch)):
+        raise ValueError(f"infeed state: epoch and batch must be non-negative ints, got {epoch!r}, {batch!r}")
+    return epoch, batch
+
+
+def _worker_environment() -> dict:
+    """The worker's environment: this one, with the directory infeed was imported from on its path."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, int]) -> list:
+    """Starts ``workers`` processes (``python -m infeed.worker``) producing ``dataset`` into ``ring``."""
+    procs = []
+    env = _worker_environment()
+    try:
+        for k in range(workers):
+            proc = subprocess.Popen([sys.executable, "-m", "infeed.worker"], stdin=subprocess.PIPE, env=env,
+                                    close_fds=True)
+            procs.append(proc)
+            config = {"ring": ring.name, "worker": k, "workers": workers, "start": list(start),
+                      "dataset": dataset.to_json()}
+            proc.stdin.write(json.dumps(config).encode())
+            proc.stdin.close()
+    except BaseException:
+        stop_workers(ring, procs)
+        raise
+    return procs
+
+
+def stop_workers(ring: Ring, procs: list, grace: float = STOP_GRACE) -> None:
+    """Asks the workers to stop, waits up to ``grace`` seconds, then kills those still running."""
+    if not ring.closed:
+        ring.request_stop()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Daemon(Feed):
+    """``num_workers`` processes decoding ``dataset`` into a ring of ``slots`` slots, and the feed over it.
+
+    ``slots`` is rounded up to a multiple of ``num_workers`` (each slot has one
+    producer). ``state``: from :meth:`state`, to resume at the next batch.
+    ``timeout``: seconds any one batch may take (None: no limit; a dead worker
+    is still detected within a second). The workers, the ring and its
+    segment are gone after :meth:`close` or the ``with`` block, whatever happens.
+    """
+
+    def __init__(self, dataset: Dataset, num_workers: int = 2, slots: int = 8, *, state: dict | None = None,
+                 timeout: float | None = None, lock_memory: bool = True):
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be a positive int, got {slots!r}")
+        start = start_of(dataset, state)
+        slots = -(-slots // num_workers) * num_workers
+        meta = json.dumps({"dataset": dataset.to_json(), "workers": num_workers}).encode()
+        ring = Ring.create(dataset.template(), slots, steps_per_slot=dataset.steps_per_slot,
+                           max_workers=num_workers, lock_memory=lock_memory, meta=meta)
+        ring.consumer["cursor"] = start
+        self._procs: list = []
+        try:
+            self._procs = start_workers(ring, dataset, num_workers, start)
+        except BaseException:
+            ring.close()
+            raise
+        super().__init__(ring, dataset, self._check_workers, timeout)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The worker processes' ids, worker 0 first."""
+        return [p.pid for p in self._procs]
+
+    def _check_workers(self, seq: int) -> None:
+        """Raises when a worker died, or when the one that owes batch ``seq`` ended without it."""
+        for proc in self._procs:
+            code = proc.poll()
+            if code is not None and code not in (0, REPORTED_ERROR):
+                raise WorkerDied(proc.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
+                                 detail=f"while batch {seq} was awaited")
+        owner = self._procs[seq % len(self._procs)]
+        if owner.poll() is not None and self.ring.slot_state(seq % self.ring.slots) != ("filled", seq):
+            error = self.ring.error()
+            if error is not None:
+                error.raise_()
+            raise InfeedError(f"worker {seq % len(self._procs)} (pid {owner.pid}) ended without batch {seq}")
+
+    def close(self) -> None:
+        """Stops the workers and removes the ring (views already taken stay readable)."""
+        if self.ring.closed:
+            return
+        self._held = None
+        try:
+            stop_workers(self.ring, self._procs)
+        finally:
+            self.ring.close()
+
+    def __del__(self):
+        ring = getattr(self, "ring", None)
+        if ring is not None and not ring.closed:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"<Daemon {len(self._procs)} workers, ring {self.ring.name}>"
+
+
+def attach(name: str, timeout: float | None = None) -> Feed:
+    """The feed of a ring that another process serves (``infeed serve --name NAME``).
+
+    ``name`` is the ring's segment name or a name ``infeed serve`` registered.
+    Iteration starts at the first batch no consumer has taken yet.
+    """
+    from infeed.serve import resolve_name
+
+    ring = Ring.attach(resolve_name(name))
+    try:
+        doc = json.loads(ring.meta)
+        dataset = Dataset.from_json(doc["dataset"], matched=True)
+    except (ValueError, KeyError, TypeError) as e:
+        ring.close()
+        raise InfeedError(f"ring {ring.name} does not describe its dataset: {e}") from None
+
+    def check(seq: int) -> None:
+        error = ring.error()
+        if error is not None and ring.slot_state(seq % ring.slots) != ("filled", seq):
+            error.raise_()
+        ring.check_owner()
+        ring.check_workers()
+
+    return Feed(ring, dataset, check, timeout)

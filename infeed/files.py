@@ -1,0 +1,67 @@
+"""Naming input files: paths, glob patterns and URIs (any ``pyarrow.fs`` scheme), alone or in lists."""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+from collections.abc import Sequence
+
+__all__ = ["expand_files"]
+
+_MAGIC = "*?["
+
+
+def _has_magic(pattern: str) -> bool:
+    return any(c in pattern for c in _MAGIC)
+
+
+def _expand_local(pattern: str) -> list[str]:
+    if not _has_magic(pattern):
+        if not os.path.isfile(pattern):
+            raise FileNotFoundError(f"no such file: {pattern!r}")
+        return [pattern]
+    return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+
+
+def _expand_uri(pattern: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    scheme, rest = pattern.split("://", 1)
+    cut = min((rest.find(c) for c in _MAGIC if c in rest), default=-1)
+    if cut < 0:
+        fs, inner = pafs.FileSystem.from_uri(pattern)
+        if fs.get_file_info(inner).type != pafs.FileType.File:
+            raise FileNotFoundError(f"no such file: {pattern!r}")
+        return [pattern]
+    base_uri = f"{scheme}://{rest[:rest.rfind('/', 0, cut) + 1]}"
+    fs, base = pafs.FileSystem.from_uri(base_uri)
+    prefix = f"{scheme}://"
+    inner_pattern = base.rstrip("/") + "/" + rest[rest.rfind("/", 0, cut) + 1:]
+    infos = fs.get_file_info(pafs.FileSelector(base, recursive="**" in pattern, allow_not_found=True))
+    return sorted(prefix + info.path for info in infos
+                  if info.type == pafs.FileType.File and fnmatch.fnmatchcase(info.path, inner_pattern))
+
+
+def expand_files(files: str | os.PathLike | Sequence) -> list[str]:
+    """The files ``files`` names: each pattern's matches sorted, patterns in the given order, no duplicates.
+
+    Raises FileNotFoundError naming a pattern that matches nothing, ValueError
+    for an empty list or an element that is not a path.
+    """
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    elif not isinstance(files, Sequence) or isinstance(files, bytes):
+        raise ValueError(f"files must be a path, a pattern, a URI or a list of them, got {files!r:.200}")
+    if not files:
+        raise ValueError("files is an empty list")
+    out: dict[str, None] = {}
+    for item in files:
+        if not isinstance(item, (str, os.PathLike)):
+            raise ValueError(f"files must hold paths, patterns or URIs, got {item!r:.200}")
+        pattern = os.fspath(item)
+        matches = _expand_uri(pattern) if "://" in pattern else _expand_local(pattern)
+        if not matches:
+            raise FileNotFoundError(f"no files match {pattern!r}")
+        out.update(dict.fromkeys(matches))
+    return list(out)

@@ -1,0 +1,300 @@
+"""The decoding daemon: batch order, padding, resume, sharding, errors and clean-up across processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import infeed
+from infeed import Bytes, Daemon, Dataset, FixedLen, VarLen
+from infeed.plan import ShuffleBuffer, epoch_paths
+from infeed.ring import SHM_DIR
+
+SPEC = {"id": FixedLen((), "int64"), "tokens": VarLen("int32", max_len=4), "name": Bytes(max_bytes=8)}
+SIZES = (40, 23, 37)          # records per file: 100 in all
+
+
+def record(i: int) -> bytes:
+    return infeed.encode_example({"id": [i], "tokens": list(range(i % 5)), "name": [b"r%d" % i]})
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("daemon")
+    paths, start = [], 0
+    for k, n in enumerate(SIZES):
+        path = str(root / f"train-{k}.tfrecord")
+        with infeed.TFRecordWriter(path) as w:
+            for i in range(start, start + n):
+                w.write(record(i))
+        paths.append(path)
+        start += n
+    return paths
+
+
+def ids_of(batches):
+    return [b["id"].tolist() for b in batches]
+
+
+def collect(ds, **kw):
+    """Every batch of ``ds`` through a daemon, copied out of the ring."""
+    with Daemon(ds, lock_memory=False, timeout=60, **kw) as feed:
+        return [{k: (infeed.Padded(v.values.copy(), v.lengths.copy()) if isinstance(v, infeed.Padded)
+                     else v.copy()) for k, v in batch.items()} for batch in feed]
+
+
+def reference(records, batch_size, final_batch="drop"):
+    """parse_examples over the records in order, cut into batches (the documented order)."""
+    out = []
+    for start in range(0, len(records), batch_size):
+        chunk = records[start:start + batch_size]
+        if len(chunk) < batch_size and final_batch == "drop":
+            break
+        parsed = infeed.parse_examples(chunk, SPEC)
+        n = len(chunk)
+        if n < batch_size:
+            full = infeed.ExampleParser(SPEC).allocate(batch_size)
+            infeed.ExampleParser(SPEC).parse(chunk, out=full)
+            parsed = full
+        if final_batch == "pad":
+            parsed["is_padding"] = np.arange(batch_size) >= n
+        out.append(parsed)
+    return out
+
+
+def assert_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in w:
+            if isinstance(w[k], infeed.Padded):
+                np.testing.assert_array_equal(g[k].values, w[k].values)
+                np.testing.assert_array_equal(g[k].lengths, w[k].lengths)
+            else:
+                np.testing.assert_array_equal(g[k], w[k])
+
+
+def all_records(paths):
+    return [r for p in paths for r in infeed.read_records(p)]
+
+
+def segments():
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(f"infeed-{os.getuid()}-")}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("final_batch", ["drop", "pad"])
+def test_batches_equal_parse_examples_in_file_order_for_any_worker_count(files, workers, final_batch):
+    ds = Dataset(files, SPEC, batch_size=16, final_batch=final_batch)
+    got = collect(ds, num_workers=workers, slots=2)
+    assert_same(got, reference(all_records(files), 16, final_batch))
+    if final_batch == "pad":
+        assert got[-1]["is_padding"].tolist() == [False] * 4 + [True] * 12
+        assert got[-1]["id"][4:].tolist() == [0] * 12 and got[-1]["tokens"].lengths[4:].tolist() == [0] * 12
+
+
+def shuffled_reference(ds, epoch):
+    """The documented order written out: files shuffled per epoch, then a shuffle buffer."""
+    records = all_records(epoch_paths(ds, epoch))
+    buffer, out = ShuffleBuffer(ds.shuffle_buffer, ds.seed, epoch), []
+    for r in records:
+        left = buffer.push(r)
+        if left is not None:
+            out.append(left)
+    return out + buffer.drain()
+
+
+def test_shuffled_sequence_depends_on_seed_not_on_workers(files):
+    ds = Dataset(files, SPEC, batch_size=10, shuffle_files=True, shuffle_buffer=30, seed=7, num_epochs=2)
+    one, three = collect(ds, num_workers=1), collect(ds, num_workers=3, slots=3)
+    assert ids_of(one) == ids_of(three)
+    want = reference(shuffled_reference(ds, 0), 10) + reference(shuffled_reference(ds, 1), 10)
+    assert_same(one, want)
+    epoch0, epoch1 = sum(ids_of(one[:10]), []), sum(ids_of(one[10:]), [])
+    assert sorted(epoch0) == sorted(epoch1) == list(range(100)) and epoch0 != epoch1
+    other = collect(Dataset(files, SPEC, batch_size=10, shuffle_files=True, shuffle_buffer=30, seed=8))
+    assert sum(ids_of(other), []) != epoch0
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 25])
+def test_resume_from_state_gives_exactly_the_remaining_batches(files, shuffle_buffer):
+    ds = Dataset(files, SPEC, batch_size=7, shuffle_buffer=shuffle_buffer, shuffle_files=bool(shuffle_buffer),
+                 num_epochs=2, final_batch="pad", seed=3)
+    full = ids_of(collect(ds, num_workers=2))
+    for stop in (0, 1, 5, 14, 15, len(full) - 1, len(full)):
+        with Daemon(ds, num_workers=2, lock_memory=False, timeout=60) as feed:
+            head = [next(feed)["id"].tolist() for _ in range(stop)]
+            state = json.loads(json.dumps(feed.state()))
+        tail = ids_of(collect(ds, num_workers=3, state=state))
+        assert head + tail == full, stop
+
+
+def test_state_of_another_dataset_is_refused(files):
+    ds = Dataset(files, SPEC, batch_size=7)
+    with Daemon(ds, num_workers=1, lock_memory=False) as feed:
+        next(feed)
+        state = feed.state()
+    with pytest.raises(ValueError, match="another dataset"):
+        Daemon(Dataset(files, SPEC, batch_size=8), state=state)
+    with pytest.raises(ValueError, match="seed"):
+        Daemon(Dataset(files, SPEC, batch_size=7, seed=1), state=state)
+
+
+def test_steps_per_slot_stacks_consecutive_batches_and_trims_the_last_slot(files):
+    ds = Dataset(files, SPEC, batch_size=8, steps_per_slot=5)          # 12 batches: slots of 5, 5, 2
+    got = collect(ds, num_workers=2, slots=2)
+    assert [b["id"].shape for b in got] == [(5, 8), (5, 8), (2, 8)]
+    assert got[2]["tokens"].values.shape == (2, 8, 4) and got[2]["tokens"].lengths.shape == (2, 8)
+    flat = [row for b in got for row in b["id"].tolist()]
+    assert flat == ids_of(reference(all_records(files), 8))
+
+
+def test_shards_by_file_and_by_record_partition_the_data(files):
+    by_file = [sum(ids_of(collect(Dataset(files, SPEC, batch_size=1, shard_index=i, num_shards=3))), [])
+               for i in range(3)]
+    assert sorted(sum(by_file, [])) == list(range(100)) and by_file[1] == list(range(40, 63))
+    by_record = [sum(ids_of(collect(Dataset(files, SPEC, batch_size=1, shard_index=i, num_shards=4))), [])
+                 for i in range(4)]
+    assert by_record[1] == list(range(1, 100, 4))
+    assert sorted(sum(by_record, [])) == list(range(100))
+
+
+def test_forever_keeps_going_and_close_leaves_nothing(files):
+    before = segments()
+    ds = Dataset(files, SPEC, batch_size=30, num_epochs=None, shuffle_files=True)
+    with Daemon(ds, num_workers=2, slots=2, lock_memory=False) as feed:
+        ids = [next(feed)["id"].tolist() for _ in range(12)]       # four epochs of three batches
+        pids = feed.worker_pids
+    assert all(sorted(sum(ids[i:i + 3], [])) == sorted(set(sum(ids[i:i + 3], []))) for i in range(0, 12, 3))
+    assert segments() == before
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_segment_is_mode_0600(files):
+    with Daemon(Dataset(files, SPEC, batch_size=4), num_workers=1, lock_memory=False) as feed:
+        assert oct(os.stat(os.path.join(SHM_DIR, feed.ring.name)).st_mode & 0o777) == "0o600"
+
+
+def test_a_batch_is_a_view_released_at_the_next_batch(files):
+    with Daemon(Dataset(files, SPEC, batch_size=4), num_workers=1, slots=2, lock_memory=False) as feed:
+        first = next(feed)
+        assert feed.ring.slot_state(0)[0] == "reading"
+        first.release()
+        first.release()
+        assert feed.ring.slot_state(0)[0] in ("free", "writing", "filled")
+        second = next(feed)
+        assert second["id"].base is not None and not second["id"].flags.owndata
+
+
+def test_a_corrupt_file_raises_at_its_batch_with_path_and_offset(files, tmp_path):
+    bad = str(tmp_path / "bad.tfrecord")
+    data = bytearray(open(files[1], "rb").read())
+    offsets = [0]
+    for r in all_records([files[1]]):
+        offsets.append(offsets[-1] + len(r) + 16)
+    data[offsets[10] + 14] ^= 0xFF                                   # record 10's data
+    open(bad, "wb").write(bytes(data))
+    ds = Dataset([files[0], bad, files[2]], SPEC, batch_size=10)
+    for workers in (1, 2):
+        seen = []
+        with Daemon(ds, num_workers=workers, lock_memory=False, timeout=60) as feed:
+            with pytest.raises(infeed.CorruptRecordError) as info:
+                for batch in feed:
+                    seen.append(batch["id"].tolist())
+        assert info.value.path == bad and info.value.offset == offsets[10] and info.value.record_index == 10
+        assert len(seen) == 5                                        # batch 5 holds record 50 = bad's record 10
+
+
+def test_a_record_that_breaks_the_spec_names_file_record_and_offset(files, tmp_path):
+    bad = str(tmp_path / "spec.tfrecord")
+    records = all_records([files[0]])
+    records[13] = infeed.encode_example({"id": [1, 2]})
+    with infeed.TFRecordWriter(bad) as w:
+        for r in records:
+            w.write(r)
+    offset = sum(len(r) + 16 for r in records[:13])
+    with Daemon(Dataset([bad], SPEC, batch_size=5), num_workers=2, lock_memory=False, timeout=60) as feed:
+        with pytest.raises(infeed.DecodeError) as info:
+            list(feed)
+    e = info.value
+    assert (e.path, e.record_index, e.offset, e.feature) == (bad, 13, offset, "id")
+
+
+def test_a_sigkilled_worker_is_reported_within_seconds_and_nothing_is_left(files):
+    before = segments()
+    ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
+    with Daemon(ds, num_workers=2, slots=2, lock_memory=False) as feed:
+        next(feed)
+        victim = feed.worker_pids[1]
+        os.kill(victim, signal.SIGKILL)
+        began = time.monotonic()
+        with pytest.raises(infeed.WorkerDied) as info:
+            for _ in feed:
+                pass
+        assert time.monotonic() - began < 10
+        assert info.value.pid == victim and info.value.signal == signal.SIGKILL
+        others = feed.worker_pids
+    assert segments() == before
+    for pid in others:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+TRAINER = textwrap.dedent("""
+    import sys, infeed
+    ds = infeed.Dataset(sys.argv[1:], {"id": infeed.FixedLen((), "int64")}, batch_size=2, num_epochs=None)
+    feed = infeed.Daemon(ds, num_workers=2, slots=2, lock_memory=False)
+    next(feed)
+    print(feed.ring.name, *feed.worker_pids, flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_killing_the_trainer_leaves_no_segment_and_no_worker(files):
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, *files], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    name, *pids = trainer.stdout.readline().split()
+    assert os.path.exists(os.path.join(SHM_DIR, name))
+    trainer.kill()
+    trainer.wait()
+    deadline = time.monotonic() + 10
+    while os.path.exists(os.path.join(SHM_DIR, name)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(os.path.join(SHM_DIR, name))
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and
+                                              open(f"/proc/{p}/stat").read().split(") ")[1][0] != "Z"
+                                              for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+
+
+def test_dataset_checks_its_arguments(files):
+    with pytest.raises(FileNotFoundError, match="no files match"):
+        Dataset(os.path.join(os.path.dirname(files[0]), "nothing-*.tfrecord"), SPEC, 4)
+    with pytest.raises(ValueError, match="batch_size"):
+        Dataset(files, SPEC, 0)
+    with pytest.raises(ValueError, match="final_batch"):
+        Dataset(files, SPEC, 4, final_batch="keep")
+    with pytest.raises(ValueError, match="shard_index"):
+        Dataset(files, SPEC, 4, shard_index=2, num_shards=2)
+    with pytest.raises(ValueError, match="is_padding"):
+        Dataset(files, {"is_padding": FixedLen(())}, 4, final_batch="pad")
+    ds = Dataset(files[0], SPEC, 4, shuffle_buffer=9, num_epochs=None)
+    again = Dataset.from_json(json.loads(json.dumps(ds.to_json())))
+    assert again.to_json() == ds.to_json() and again.fingerprint() == ds.fingerprint()
+
+
+def test_an_epoch_without_a_full_batch_is_an_error_not_a_hang(files):
+    ds = Dataset(files[1], SPEC, batch_size=50, num_epochs=None)
+    with Daemon(ds, num_workers=2, lock_memory=False, timeout=60) as feed:
+        with pytest.raises(infeed.InfeedError, match="no batch"):
+            next(feed)
