@@ -35,6 +35,18 @@ cdef extern from "<semaphore.h>" nogil:
     int sem_clockwait(sem_t *sem, clockid_t clk, const timespec *abstime)
     int sem_getvalue(sem_t *sem, int *sval)
 
+cdef extern from *:
+    """
+    static inline void infeed_cpu_relax(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+    #endif
+    }
+    """
+    void infeed_cpu_relax() nogil
+
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void *addr, size_t length)
@@ -116,17 +128,36 @@ cdef class Mapping:
                 raise OSError(errno, "sem_trywait failed")
         return True
 
-    def sem_wait(self, size_t offset, double seconds):
+    def sem_wait(self, size_t offset, double seconds, double spin=0.0):
         """Waits up to ``seconds`` (GIL released) to decrement; True when it did, False on timeout.
 
-        An interrupting signal returns to Python (so its handler runs) and the
-        wait goes on until the deadline.
+        ``spin``: seconds to poll before sleeping. A post that finds no sleeper
+        costs the poster no system call (in a virtual machine, waking a sleeper
+        on another CPU costs tens of microseconds), so a consumer that expects
+        its batch soon spins briefly. An interrupting signal returns to Python
+        (so its handler runs) and the wait goes on until the deadline.
         """
         cdef sem_t *sem = self._sem(offset)
-        cdef timespec deadline
+        cdef timespec deadline, now
         cdef int rc = 0, err = 0
+        cdef long long spin_ns = <long long>(min(spin, seconds) * 1e9), start_ns
         if seconds < 0:
             seconds = 0
+        if spin_ns > 0:
+            with nogil:
+                clock_gettime(CLOCK_MONOTONIC, &now)
+                start_ns = now.tv_sec * 1000000000LL + now.tv_nsec
+                while True:
+                    if sem_trywait(sem) == 0:
+                        rc = 1
+                        break
+                    clock_gettime(CLOCK_MONOTONIC, &now)
+                    if now.tv_sec * 1000000000LL + now.tv_nsec - start_ns >= spin_ns:
+                        break
+                    for err in range(64):
+                        infeed_cpu_relax()
+            if rc:
+                return True
         clock_gettime(CLOCK_MONOTONIC, &deadline)
         cdef long long ns = deadline.tv_nsec + <long long>((seconds - <long long>seconds) * 1e9)
         deadline.tv_sec += <time_t>seconds + <time_t>(ns // 1000000000)

@@ -29,6 +29,8 @@ __all__ = ["Batch", "Feed", "Daemon", "attach", "STATE_VERSION"]
 STATE_VERSION = 1
 #: Exit status of a worker that stopped after writing its failure to the ring.
 REPORTED_ERROR = 3
+#: Seconds a consumer polls for its next batch before it sleeps (see :class:`Feed`).
+SPIN = 0.0002
 #: Seconds the workers get to stop on their own before they are killed.
 STOP_GRACE = 5.0
 
@@ -56,14 +58,22 @@ class Feed:
 
     ``check`` raises when a producer is gone (called every 0.1 s while waiting);
     ``timeout`` (seconds) bounds each wait for a batch with :class:`~infeed.Timeout`.
+    When the machine has a core to spare beyond the ``workers`` decoding
+    processes, a consumer whose batch is not there yet polls for up to
+    :data:`SPIN` seconds (GIL released) before it sleeps: a worker then hands
+    over a batch without the system call that wakes a sleeping process, which
+    costs tens of microseconds per batch in a virtual machine. ``feed.spin``
+    (seconds) changes it; 0 never polls.
     """
 
-    def __init__(self, ring: Ring, dataset: Dataset, check: Callable[[int], None], timeout: float | None = None):
+    def __init__(self, ring: Ring, dataset: Dataset, check: Callable[[int], None], timeout: float | None = None,
+                 workers: int = 1):
         self.ring = ring
         self.dataset = dataset
         self.timeout = timeout
+        self.spin = SPIN if len(os.sched_getaffinity(0)) > workers else 0.0
         self._check_for = check
-        self._next = int(ring.consumer["taken"])
+        self._next = ring.consumer_counters()["taken"]
         self._held: int | None = None
         self._ended = False
         self._views: list = [None] * ring.slots
@@ -83,9 +93,8 @@ class Feed:
             raise InfeedError("the feed is closed")
         slot = seq % ring.slots
         began = time.perf_counter_ns()
-        ring.acquire_filled(slot, self.timeout, lambda: self._check_for(seq))
-        header = ring.consumer
-        header["stall_ns"] += time.perf_counter_ns() - began
+        ring.acquire_filled(slot, self.timeout, lambda: self._check_for(seq), self.spin)
+        waited = time.perf_counter_ns() - began
         info = ring.slot_info(slot)
         if info.seq != seq:
             raise InfeedError(f"ring {ring.name}: slot {slot} holds batch {info.seq} where {seq} was due")
@@ -97,7 +106,7 @@ class Feed:
                 raise InfeedError(f"ring {ring.name}: a worker failed at batch {seq} without saying why")
             error.raise_()
         if info.flags & SLOT_END:
-            header["cursor"] = info.cursor
+            ring.count_taken(seq - 1, info.cursor, waited)
             ring.release(slot)
             self._ended = True
             raise StopIteration
@@ -109,8 +118,7 @@ class Feed:
             batch = Batch({name: Padded(v.values[:info.steps], v.lengths[:info.steps]) if isinstance(v, Padded)
                            else v[:info.steps] for name, v in views.items()})
         batch.seq, batch._feed = seq, self
-        header["taken"] = seq + 1
-        header["cursor"] = info.cursor
+        ring.count_taken(seq, info.cursor, waited)
         self._held, self._next = seq, seq + 1
         return batch
 
@@ -126,7 +134,7 @@ class Feed:
 
         ``Daemon(dataset, state=state)`` resumes at exactly the next batch.
         """
-        epoch, batch = (int(x) for x in self.ring.consumer["cursor"])
+        epoch, batch = self.ring.consumer_counters()["cursor"]
         return {"version": STATE_VERSION, "epoch": epoch, "batch": batch, "seed": self.dataset.seed,
                 "fingerprint": self._fingerprint}
 
@@ -228,14 +236,14 @@ class Daemon(Feed):
         meta = json.dumps({"dataset": dataset.to_json(), "workers": num_workers}).encode()
         ring = Ring.create(dataset.template(), slots, steps_per_slot=dataset.steps_per_slot,
                            max_workers=num_workers, lock_memory=lock_memory, meta=meta)
-        ring.consumer["cursor"] = start
+        ring.count_taken(-1, start, 0)
         self._procs: list = []
         try:
             self._procs = start_workers(ring, dataset, num_workers, start)
         except BaseException:
             ring.close()
             raise
-        super().__init__(ring, dataset, self._check_workers, timeout)
+        super().__init__(ring, dataset, self._check_workers, timeout, num_workers)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -287,6 +295,7 @@ def attach(name: str, timeout: float | None = None) -> Feed:
     try:
         doc = json.loads(ring.meta)
         dataset = Dataset.from_json(doc["dataset"], matched=True)
+        workers = int(doc["workers"])
     except (ValueError, KeyError, TypeError) as e:
         ring.close()
         raise InfeedError(f"ring {ring.name} does not describe its dataset: {e}") from None
@@ -298,4 +307,4 @@ def attach(name: str, timeout: float | None = None) -> Feed:
         ring.check_owner()
         ring.check_workers()
 
-    return Feed(ring, dataset, check, timeout)
+    return Feed(ring, dataset, check, timeout, workers)

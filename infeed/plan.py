@@ -124,16 +124,15 @@ class EpochRecords:
                 break
             got = reader.read_batch(n - len(out))
             if origins is not None and got:
-                first = reader.records_read - len(got)
-                path = self._paths[self._file]
-                origins.extend((path, first + i, None) for i in range(len(got)))
+                origins.append((self._paths[self._file], reader.records_read - len(got), len(got)))
             out += got
             if len(out) < n:
                 self._next_file()
         return out
 
     def take(self, n: int, origins: list | None = None) -> list:
-        """Up to ``n`` records (fewer at the end); their origins appended to ``origins``."""
+        """Up to ``n`` records (fewer at the end); ``(path, first record index, count)`` of each
+        run of consecutive records appended to ``origins``."""
         if self._stride == 1:
             return self._raw_take(n, origins)
         out: list = []
@@ -167,6 +166,17 @@ class EpochRecords:
 
 def _origins_of(origins: list) -> Callable[[int], tuple]:
     return origins.__getitem__
+
+
+def _runs_of(runs: list) -> Callable[[int], tuple]:
+    """``where(i)`` over runs of consecutive records ``(path, first index, count)``."""
+    def where(i: int) -> tuple:
+        for path, first, count in runs:
+            if i < count:
+                return path, first + i, None
+            i -= count
+        raise IndexError(i)
+    return where
 
 
 def _no_origins(i: int) -> tuple:
@@ -204,9 +214,9 @@ def _in_order(ds, source: EpochRecords, first: int, owned) -> Iterator[PlannedBa
     size, index = ds.batch_size, 0
     while True:
         if index >= first and owned(index):
-            origins: list = []
-            records = source.take(size, origins)
-            planned = _finish(ds, index, records, len(records), _origins_of(origins))
+            runs: list = []
+            records = source.take(size, runs)
+            planned = _finish(ds, index, records, len(records), _runs_of(runs))
         else:
             planned = _finish(ds, index, None, source.skip(size), _no_origins)
         if planned is None:
@@ -233,8 +243,9 @@ def _buffered(ds, epoch: int, source: EpochRecords, first: int, owned) -> Iterat
         return planned if keep or (planned is not None and planned.index >= first) else None
 
     while True:
-        origins: list = []
-        records = source.take(chunk, origins)
+        runs: list = []
+        records = source.take(chunk, runs)
+        origins = [(path, first + i, None) for path, first, count in runs for i in range(count)]
         for item in zip(records, origins):
             out = buffer.push(item)
             if out is not None:

@@ -23,10 +23,10 @@ __all__ = ["snapshot", "rates"]
 
 def snapshot(ring: Ring) -> dict:
     """The ring's counters now."""
-    h = ring.consumer
+    consumer = ring.consumer_counters()
     states = [ring.slot_state(i)[0] for i in range(ring.slots)]
     return {"time": time.monotonic(), "slots": ring.slots, "filled": states.count("filled"),
-            "taken": int(h["taken"]), "stall_s": int(h["stall_ns"]) / 1e9, "workers": ring.workers()}
+            "taken": consumer["taken"], "stall_s": consumer["stall_s"], "workers": ring.workers()}
 
 
 def rates(before: dict, after: dict) -> dict:

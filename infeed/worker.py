@@ -43,13 +43,12 @@ class Producer:
         self.ds, self.ring, self.index, self.workers = dataset, ring, index, workers
         self.start = start
         self.parser = dataset.parser
-        self.entry = ring.worker_entry(index)
         self._views: dict = {}
         self._last_check = 0.0
 
     # --- the ring ---------------------------------------------------------------------------
     def _check(self) -> None:
-        self.entry["beat_ns"] = time.monotonic_ns()
+        self.ring.count_work(self.index)
         if self.ring.stop_requested:
             raise Stopped()
         self.ring.check_owner()
@@ -58,7 +57,7 @@ class Producer:
         slot = unit % self.ring.slots
         began = time.monotonic_ns()
         self.ring.acquire_free(slot, check=self._check)
-        self.entry["wait_ns"] += time.monotonic_ns() - began
+        self.ring.count_work(self.index, wait_ns=time.monotonic_ns() - began)
         if self.ring.stop_requested:
             raise Stopped()
         return slot
@@ -69,7 +68,8 @@ class Producer:
             views = self._views[(slot, step)] = self.ring.slot_arrays(slot, step)
         return views
 
-    def _fill(self, slot: int, step: int, planned) -> None:
+    def _fill(self, slot: int, step: int, planned) -> int:
+        """Decodes ``planned`` into step ``step`` of ``slot``; returns the bytes decoded."""
         views = self._slot_views(slot, step)
         records, n = planned.records, planned.count
         try:
@@ -87,9 +87,7 @@ class Producer:
             mask = views[PADDING_KEY]
             mask[:n] = False
             mask[n:] = True
-        e = self.entry
-        e["records"] += n
-        e["bytes"] += sum(map(len, records))
+        return sum(map(len, records))
 
     # --- the sequence -----------------------------------------------------------------------
     def run(self) -> None:
@@ -112,12 +110,13 @@ class Producer:
                         if step == 0:
                             slot = self._acquire(unit)
                             busy = time.monotonic_ns()
-                        self._fill(slot, step, planned)
-                        if step == per_slot - 1:
+                        nbytes = self._fill(slot, step, planned)
+                        last = step == per_slot - 1
+                        if last:
                             ring.publish(slot, unit, cursor=(epoch, planned.index + 1))
                             slot = None
-                            self.entry["batches"] += 1
-                        self.entry["busy_ns"] += time.monotonic_ns() - busy
+                        ring.count_work(k, batches=last, records=planned.count, nbytes=nbytes,
+                                        busy_ns=time.monotonic_ns() - busy)
                     done += 1
                     if time.monotonic() - self._last_check > 0.5:
                         self._last_check = time.monotonic()
@@ -130,7 +129,7 @@ class Producer:
             if step:
                 if unit % w == k:
                     ring.publish(slot, unit, steps=step, cursor=(epoch, 0))
-                    self.entry["batches"] += 1
+                    ring.count_work(k, batches=1)
                 unit += 1
             if unit % w == k:
                 ring.publish(self._acquire(unit), unit, flags=SLOT_END, steps=0, cursor=(epoch, 0))
