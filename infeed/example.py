@@ -16,6 +16,10 @@ __all__ = ["ExampleParser", "parse_examples", "decode_example", "encode_example"
 decode_example = _example.decode_example
 
 
+#: Output arrays an ExampleParser remembers as checked (a ring's slots and steps).
+_CHECKED_OUTPUTS = 256
+
+
 def _none_ref():
     return None
 
@@ -55,7 +59,7 @@ class ExampleParser:
                 raise ValueError(f"spec[{name!r}] must be FixedLen, VarLen or Bytes, got {f!r}")
         self.spec = dict(spec)
         self._compiled = _example.CompiledSpec(features)
-        self._checked = []
+        self._checked: dict = {}
 
     def allocate(self, batch_size: int) -> dict:
         """Zeroed output arrays for ``batch_size`` records, laid out as ``parse`` returns them."""
@@ -92,11 +96,15 @@ class ExampleParser:
                 values.append(arr)
                 lengths.append(None)
         arrays = values + lengths
-        if len(arrays) != len(self._checked) or any(r() is not a for r, a in zip(self._checked, arrays)):
+        key = tuple(map(id, arrays))
+        refs = self._checked.get(key)
+        if refs is None or any(r() is not a for r, a in zip(refs, arrays)):
             for name, v, n in zip(self.spec, values, lengths):
                 self._check_out(name, v, n)
-            # Reused outputs (a ring slot) are checked once; weak references never keep them alive.
-            self._checked = [weakref.ref(a) if a is not None else _none_ref for a in arrays]
+            # Reused outputs (the slots of a ring) are checked once; weak references never keep them alive.
+            if len(self._checked) >= _CHECKED_OUTPUTS:
+                self._checked.clear()
+            self._checked[key] = [weakref.ref(a) if a is not None else _none_ref for a in arrays]
         self._compiled.decode_into(records, values, lengths, start, index_base)
         return out
 
