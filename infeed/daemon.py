@@ -72,6 +72,8 @@ class Feed:
         self.dataset = dataset
         self.timeout = timeout
         self.spin = SPIN if len(os.sched_getaffinity(0)) > workers else 0.0
+        #: Whether the slots are registered with CUDA as pinned memory (a CUDA GPU is present).
+        self.pinned = ring.pin()
         self._check_for = check
         self._next = ring.consumer_counters()["taken"]
         self._held: int | None = None

@@ -11,8 +11,9 @@ in ``/dev/shm`` holds everything::
   ``posix_fallocate`` (so a full ``/dev/shm`` fails at creation with
   :class:`~infeed.ShmSpaceError`, never later with ``SIGBUS``) and its pages
   locked with ``mlock`` when ``RLIMIT_MEMLOCK`` allows (a warning otherwise).
-  Registering the pages with CUDA as pinned host memory is left to the
-  transfer stage (``xla_runtime``); it is not done here.
+  :meth:`Ring.pin` registers the slots with CUDA as pinned host memory in
+  the consumer's process, where there is a CUDA GPU, so transfers to the
+  device are direct DMA (the daemon's feed does so; never required).
 * Each slot has two process-shared semaphores in the segment: *free* (starts
   at 1) and *filled* (starts at 0). A producer takes *free*, writes, and
   posts *filled*; the consumer takes *filled*, reads, and posts *free*. So
@@ -368,6 +369,7 @@ class Ring:
         self._slot0 = int(h["table_offset"]) // 8
         self._worker0 = int(h["workers_offset"]) // 8
         self._views: list = [None] * self.slots
+        self._pinned = False
         self._finalizer = weakref.finalize(self, _unlink, path, os.getpid()) if owner else None
         return self
 
@@ -760,6 +762,17 @@ class Ring:
     def closed(self) -> bool:
         return self._map is None
 
+    def pin(self) -> bool:
+        """Registers the slots with CUDA as pinned host memory in this process, where there is
+        a CUDA GPU (see :mod:`infeed.pinning`); True when they are pinned. Undone by :meth:`close`."""
+        if self._map is None:
+            raise ValueError(f"ring {self.name} is closed")
+        if not self._pinned:
+            from infeed import pinning
+
+            self._pinned = pinning.register(self._map.address + self._data, self.slots * self.slot_size)
+        return self._pinned
+
     def unlink_if_orphaned(self) -> bool:
         """Removes the segment when its creator is gone (it can no longer do so); True if removed."""
         if self.owner_alive():
@@ -774,6 +787,11 @@ class Ring:
         """Detaches; the creator also unlinks the segment. Views already taken stay valid."""
         if self._map is None:
             return
+        if self._pinned:
+            from infeed import pinning
+
+            pinning.unregister(self._map.address + self._data)
+            self._pinned = False
         self._map = self._header = self._table = self._workers = self._error = self._q = self._u32 = None
         self._views = [None] * self.slots
         if self._finalizer is not None:

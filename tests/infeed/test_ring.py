@@ -452,3 +452,25 @@ def test_ctrl_c_during_a_wait_interrupts_it_and_unlinks():
     p.stdout.close()
     assert p.wait(30) != 0
     assert not os.path.exists(path)
+
+
+def test_pin_registers_the_slots_with_cuda_where_present_and_close_undoes_it(monkeypatch):
+    from infeed import pinning
+
+    calls = []
+    monkeypatch.setattr(pinning, "register", lambda address, size: calls.append(("register", address, size)) or True)
+    monkeypatch.setattr(pinning, "unregister", lambda address: calls.append(("unregister", address)))
+    ring = Ring.create({"x": ((1000,), np.float32)}, slots=3, lock_memory=False)
+    first = ring.slot_arrays(0)["x"].__array_interface__["data"][0]
+    assert ring.pin() and ring.pin()
+    ring.close()
+    assert calls == [("register", first, 3 * ring.slot_size), ("unregister", first)]
+
+
+def test_without_a_cuda_driver_pinning_is_a_quiet_no(monkeypatch):
+    from infeed import pinning
+
+    monkeypatch.setattr(pinning, "_runtime", False)          # probed: no driver, or no runtime library
+    assert pinning.cuda_runtime() is None and pinning.register(0, 4096) is False
+    with Ring.create({"x": ((4,), np.float32)}, slots=1, lock_memory=False) as ring:
+        assert ring.pin() is False
