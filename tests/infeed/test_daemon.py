@@ -296,3 +296,46 @@ def test_an_epoch_without_a_full_batch_is_an_error_not_a_hang(files):
     with Daemon(ds, num_workers=2, lock_memory=False, timeout=60) as feed:
         with pytest.raises(infeed.InfeedError, match="no batch"):
             next(feed)
+
+
+def test_resume_with_stacked_slots_and_compressed_files_read_through_uris(files, tmp_path):
+    gz = []
+    for k, path in enumerate(files):
+        gz.append(str(tmp_path / f"part-{k}.tfrecord.gz"))
+        with infeed.TFRecordWriter(gz[-1], compression="GZIP") as w:
+            for r in infeed.read_records(path):
+                w.write(r)
+    ds = Dataset(f"file://{tmp_path}/part-*.tfrecord.gz", SPEC, batch_size=6, steps_per_slot=4, shuffle_buffer=10,
+                 num_epochs=2)
+    full = [row for b in collect(ds, num_workers=2) for row in b["id"].tolist()]
+    assert len(full) == 2 * 16 and all(len(set(sum(e, []))) == 96 for e in (full[:16], full[16:]))
+    with Daemon(ds, num_workers=2, lock_memory=False, timeout=60) as feed:
+        head = [row for _ in range(3) for row in next(feed)["id"].tolist()]
+        state = feed.state()
+    tail = [row for b in collect(ds, num_workers=1, state=state) for row in b["id"].tolist()]
+    assert head + tail == full
+
+
+CTRL_C = textwrap.dedent("""
+    import sys, infeed
+    ds = infeed.Dataset(sys.argv[1:], {"id": infeed.FixedLen((), "int64")}, batch_size=2, num_epochs=None)
+    try:
+        with infeed.Daemon(ds, num_workers=2, slots=2, lock_memory=False) as feed:
+            print(feed.ring.name, *feed.worker_pids, flush=True)
+            for batch in feed:
+                pass
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+def test_ctrl_c_in_the_trainer_stops_everything(files):
+    trainer = subprocess.Popen([sys.executable, "-c", CTRL_C, *files], stdout=subprocess.PIPE, text=True)
+    name, *pids = trainer.stdout.readline().split()
+    time.sleep(0.3)
+    trainer.send_signal(signal.SIGINT)
+    assert trainer.stdout.readline().strip() == "interrupted"
+    assert trainer.wait(timeout=10) == 0
+    assert not os.path.exists(os.path.join(SHM_DIR, name))
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}")
