@@ -54,6 +54,7 @@ cdef extern from "<sys/mman.h>" nogil:
     enum: PROT_READ
     enum: PROT_WRITE
     enum: MAP_SHARED
+    enum: MAP_POPULATE
     void *MAP_FAILED
 
 #: Bytes one semaphore occupies (callers place them on 64-byte boundaries).
@@ -61,17 +62,22 @@ SEM_SIZE = sizeof(sem_t)
 
 
 cdef class Mapping:
-    """``size`` bytes of ``fd`` mapped shared, read-write; unmapped when the last user is gone."""
+    """``size`` bytes of ``fd`` mapped shared, read-write; unmapped when the last user is gone.
+
+    ``populate``: map every page now (``MAP_POPULATE``), so that the first
+    write to each does not fault later, in the middle of a batch.
+    """
 
     cdef char *addr
     cdef readonly size_t size
 
-    def __cinit__(self, int fd, size_t size):
+    def __cinit__(self, int fd, size_t size, bint populate=False):
         self.addr = NULL
         self.size = size
         if size == 0:
             raise ValueError("cannot map 0 bytes")
-        cdef void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        cdef void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | (MAP_POPULATE if populate else 0),
+                            fd, 0)
         if p == MAP_FAILED:
             raise OSError(errno, f"mmap of {size} bytes failed")
         self.addr = <char *>p

@@ -465,8 +465,10 @@ class Ring:
 
     @classmethod
     def attach(cls, name: str, template: TypingMapping[str, Any] | None = None, *,
-               steps_per_slot: int | None = None) -> "Ring":
+               steps_per_slot: int | None = None, populate: bool = False) -> "Ring":
         """Attaches an existing ring by name, checking it before use.
+
+        ``populate``: map all its pages now (a producer that will write every slot).
 
         Raises :class:`~infeed.AttachError` naming the failed check: the segment
         must exist, belong to this user, have mode 0600, carry this version's
@@ -491,7 +493,7 @@ class Ring:
                 raise AttachError(name, "mode", "0o600", oct(mode))
             if st.st_size < 256:
                 raise AttachError(name, "size", "at least 256 bytes", f"{st.st_size} bytes")
-            mapping = _ring.Mapping(fd, st.st_size)
+            mapping = _ring.Mapping(fd, st.st_size, populate)
         finally:
             os.close(fd)
         h = np.frombuffer(mapping, _HEADER, 1)[0]

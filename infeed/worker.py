@@ -16,6 +16,7 @@ gone, in which case it also removes the segment.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -30,6 +31,10 @@ from infeed.ring import SLOT_END, SLOT_ERROR, Ring
 from infeed.spec import Padded
 
 __all__ = ["Producer", "main"]
+
+
+#: mallopt(3) parameters.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 class Stopped(Exception):
@@ -152,11 +157,28 @@ class Producer:
         self.ring.publish(slot, unit, flags=SLOT_ERROR, steps=0)
 
 
+def _keep_freed_memory() -> None:
+    """Makes glibc keep freed memory for reuse instead of handing it back to the OS at once.
+
+    A worker frees a batch of records (up to tens of MB) for every batch it
+    builds. A fresh process returns the top of its heap to the OS on each free
+    (until it first frees a large mmapped block), so the next batch faults the
+    same pages back in: half the read rate for large records.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+    except (OSError, AttributeError):      # not glibc
+        pass
+
+
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the trainer's to handle
+    _keep_freed_memory()
     config = json.load(sys.stdin)
     ds = Dataset.from_json(config["dataset"], matched=True)
-    ring = Ring.attach(config["ring"], ds.template(), steps_per_slot=ds.steps_per_slot)
+    ring = Ring.attach(config["ring"], ds.template(), steps_per_slot=ds.steps_per_slot, populate=True)
     index = int(config["worker"])
     ring.register_worker(index)
     try:
