@@ -29,6 +29,8 @@ __all__ = ["Batch", "Feed", "Daemon", "attach", "STATE_VERSION"]
 STATE_VERSION = 1
 #: Exit status of a worker that stopped after writing its failure to the ring.
 REPORTED_ERROR = 3
+#: Seconds an attached consumer gives the server to report how a worker it saw die died.
+SERVER_REPORT = 1.0
 #: Seconds a consumer polls for its next batch before it sleeps (see :class:`Feed`).
 SPIN = 0.0002
 #: Seconds the workers get to stop on their own before they are killed.
@@ -307,6 +309,16 @@ def attach(name: str, timeout: float | None = None) -> Feed:
         if error is not None and ring.slot_state(seq % ring.slots) != ("filled", seq):
             error.raise_()
         ring.check_owner()
-        ring.check_workers()
+        try:
+            ring.check_workers()
+        except WorkerDied:
+            # The server, the workers' parent, records how one died (its signal): wait for that.
+            deadline = time.monotonic() + SERVER_REPORT
+            while time.monotonic() < deadline and ring.owner_alive():
+                error = ring.error()
+                if error is not None:
+                    error.raise_()
+                time.sleep(0.02)
+            raise
 
     return Feed(ring, dataset, check, timeout, workers)
