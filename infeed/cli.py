@@ -27,6 +27,7 @@ __all__ = ["COMMANDS", "build_parser", "main", "positive_int"]
 COMMANDS = {
     "convert": "infeed.convert",
     "inspect": "infeed.inspect_file",
+    "index": "infeed.index_command",
     "serve": "infeed.serve",
     "stats": "infeed.stats",
     "gc": "infeed.gc",

@@ -6,7 +6,7 @@ import errno
 import signal as _signal
 
 __all__ = ["InfeedError", "CorruptRecordError", "DecodeError", "CORRUPTION_KINDS",
-           "WorkerDied", "Timeout", "AttachError", "ShmSpaceError"]
+           "WorkerDied", "Timeout", "AttachError", "ShmSpaceError", "IndexFileError"]
 
 #: What `CorruptRecordError.kind` can be, and what each means.
 CORRUPTION_KINDS = {
@@ -156,3 +156,16 @@ class ShmSpaceError(InfeedError, OSError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.needed, self.free))
+
+
+class IndexFileError(InfeedError):
+    """A record-index sidecar cannot be used: damaged, inconsistent, or built for another size of
+    its data file (stale). Attributes: ``path`` (the sidecar) and ``problem``."""
+
+    def __init__(self, path, problem):
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: unusable record index: {problem}")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.problem))

@@ -19,6 +19,13 @@ def test_globs_are_sorted_patterns_keep_their_order_and_duplicates_go(tree):
     assert got == [str(tree / n) for n in ("x2.tfrecord", "b/x3.tfrecord", "x1.tfrecord")]
 
 
+def test_directories_are_not_files(tree):
+    assert expand_files(str(tree / "*")) == [str(tree / n) for n in ("notes.txt", "x1.tfrecord", "x2.tfrecord")]
+    assert expand_files(f"file://{tree}/*") == [f"file://{tree}/{n}" for n in ("notes.txt", "x1.tfrecord", "x2.tfrecord")]
+    with pytest.raises(FileNotFoundError):
+        expand_files(str(tree / "b"))
+
+
 def test_uris_go_through_pyarrow_and_keep_their_scheme(tree):
     assert expand_files(f"file://{tree}/x*.tfrecord") == [f"file://{tree}/x1.tfrecord", f"file://{tree}/x2.tfrecord"]
     assert expand_files(f"file://{tree}/**/*3.tfrecord") == [f"file://{tree}/b/x3.tfrecord"]

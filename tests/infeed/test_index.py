@@ -1,0 +1,218 @@
+"""Record-offset sidecars: building, the binary format, untrusted loading, and ``infeed index``."""
+
+import json
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import infeed
+from infeed import _tfrecord
+from infeed.cli import main
+from infeed.errors import IndexFileError
+from infeed.index import RecordIndex, build_index, index_path, load_index, write_index
+
+RECORDS = [infeed.encode_example({"x": list(range(n)), "id": b"r%d" % n}) for n in (0, 1, 7, 300)] + [b"", b"z"]
+HEADER = struct.Struct("<8sIIQQI4x")
+
+
+def _write(path, records=RECORDS, compression=None):
+    with infeed.TFRecordWriter(path, compression=compression) as w:
+        for r in records:
+            w.write(r)
+    return str(path)
+
+
+def _walk_framing(data: bytes):
+    """(offsets, lengths) by following each record's length field."""
+    offsets, lengths, pos = [], [], 0
+    while pos < len(data):
+        (n,) = struct.unpack_from("<Q", data, pos)
+        offsets.append(pos)
+        lengths.append(n)
+        pos += 12 + n + 4
+    return offsets, lengths
+
+
+def test_offsets_and_lengths_follow_the_framing_and_read_the_records(tmp_path):
+    path = _write(tmp_path / "d.tfrecord")
+    index = build_index(path)
+    data = Path(path).read_bytes()
+    assert index.count == len(RECORDS) and index.file_size == len(data)
+    assert (index.offsets.tolist(), index.lengths.tolist()) == _walk_framing(data)
+    assert write_index(index) == index_path(path) == path + ".index"
+    loaded = load_index(path)
+    assert loaded.path == path and loaded.file_size == len(data)
+    assert loaded.offsets.dtype == loaded.lengths.dtype == np.int64
+    assert np.array_equal(loaded.offsets, index.offsets) and np.array_equal(loaded.lengths, index.lengths)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read = [os.pread(fd, n, off + 12) for off, n in zip(loaded.offsets.tolist(), loaded.lengths.tolist())]
+    finally:
+        os.close(fd)
+    assert read == list(infeed.read_records(path)) == RECORDS
+
+
+def test_the_sidecar_is_a_small_header_and_one_uint64_per_record(tmp_path):
+    path = _write(tmp_path / "d.tfrecord")
+    raw = Path(write_index(build_index(path))).read_bytes()
+    magic, version, flags, size, count, crc = HEADER.unpack_from(raw)
+    assert (magic, version, flags, size, count) == (b"INFEEDIX", 1, 0, os.path.getsize(path), len(RECORDS))
+    assert len(raw) == HEADER.size + 8 * count and crc == _tfrecord.crc32c(raw[HEADER.size:])
+
+
+def test_an_empty_file_indexes_to_no_records(tmp_path):
+    path = _write(tmp_path / "e.tfrecord", [])
+    write_index(build_index(path))
+    index = load_index(path)
+    assert (index.count, index.file_size, index.lengths.tolist()) == (0, 0, [])
+
+
+def test_no_sidecar_loads_as_none(tmp_path):
+    assert load_index(_write(tmp_path / "d.tfrecord")) is None
+
+
+def test_uris_build_write_and_load_without_leaving_temporary_files(tmp_path):
+    uri = f"file://{_write(tmp_path / 'd.tfrecord')}"
+    assert write_index(build_index(uri)) == uri + ".index"
+    assert load_index(uri).count == len(RECORDS)
+    assert sorted(os.listdir(tmp_path)) == ["d.tfrecord", "d.tfrecord.index"]
+
+
+def test_a_sidecar_of_a_file_that_changed_size_is_stale(tmp_path):
+    path = _write(tmp_path / "d.tfrecord")
+    write_index(build_index(path))
+    with open(path, "ab") as f:
+        f.write(_tfrecord.frame(b"one more"))
+    with pytest.raises(IndexFileError, match="stale") as caught:
+        load_index(path)
+    assert caught.value.path == path + ".index" and "stale" in caught.value.problem
+
+
+def _with_offsets(raw: bytes, offsets) -> bytes:
+    """The sidecar ``raw`` holding ``offsets`` instead, with its count and CRC made to match."""
+    magic, version, flags, size, _, _ = HEADER.unpack_from(raw)
+    payload = np.array(offsets, "<u8").tobytes()
+    return HEADER.pack(magic, version, flags, size, len(offsets), _tfrecord.crc32c(payload)) + payload
+
+
+def _flip(raw: bytes, at: int) -> bytes:
+    return raw[:at] + bytes([raw[at] ^ 0x01]) + raw[at + 1:]
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda raw, offs: b"NOTINDEX" + raw[8:], "bad magic"),
+    (lambda raw, offs: raw[:8] + struct.pack("<I", 2) + raw[12:], "version 2"),
+    (lambda raw, offs: raw[:20], "truncated header"),
+    (lambda raw, offs: raw[:-3], "truncated or oversized"),
+    (lambda raw, offs: raw + b"\0" * 8, "truncated or oversized"),
+    (lambda raw, offs: _flip(raw, HEADER.size + 9), "CRC32C mismatch"),
+    (lambda raw, offs: _with_offsets(raw, [offs[0], offs[2], offs[1]] + offs[3:]), "offsets not increasing"),
+    (lambda raw, offs: _with_offsets(raw, [offs[0], offs[1], offs[1] + 3] + offs[3:]), "overlap"),
+    (lambda raw, offs: _with_offsets(raw, [4] + offs[1:]), "first record starts at byte 4"),
+    (lambda raw, offs: _with_offsets(raw, offs + [2**64 - 8]), f"record 6 starts at byte {2**64 - 8}, outside"),
+    (lambda raw, offs: _with_offsets(raw, []), "no records, but the file has"),
+])
+def test_a_damaged_or_inconsistent_sidecar_is_refused_naming_the_problem(tmp_path, damage, problem):
+    path = _write(tmp_path / "d.tfrecord")
+    index = build_index(path)
+    sidecar = write_index(index)
+    Path(sidecar).write_bytes(damage(Path(sidecar).read_bytes(), index.offsets.tolist()))
+    with pytest.raises(IndexFileError, match=problem) as caught:
+        load_index(path)
+    assert str(caught.value).startswith(f"{sidecar}: unusable record index: ")
+    assert isinstance(caught.value, infeed.InfeedError)
+    assert str(pickle.loads(pickle.dumps(caught.value))) == str(caught.value)
+
+
+def test_an_inconsistent_index_is_not_written(tmp_path):
+    index = build_index(_write(tmp_path / "d.tfrecord"))
+    with pytest.raises(ValueError, match="inconsistent index: its lengths"):
+        write_index(index._replace(lengths=index.lengths + 1))
+    with pytest.raises(ValueError, match="inconsistent index: offsets not increasing"):
+        write_index(index._replace(offsets=index.offsets[[0, 2, 1, 3, 4, 5]]))
+    with pytest.raises(ValueError, match="no records, but the file has"):
+        write_index(RecordIndex(index.path, index.file_size, np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    assert not os.path.exists(index_path(index.path))
+
+
+@pytest.mark.parametrize("name", ["d.tfrecord.gz", "sniffed.tfrecord"])
+def test_compressed_files_are_refused(tmp_path, name):
+    path = _write(tmp_path / name, compression="GZIP")
+    with pytest.raises(ValueError, match="GZIP-compressed file: offsets in a compressed stream give no random"):
+        build_index(path)
+
+
+def test_a_corrupt_data_file_raises_naming_the_file_and_offset(tmp_path):
+    path = _write(tmp_path / "d.tfrecord")
+    offsets, _ = _walk_framing(Path(path).read_bytes())
+    data = bytearray(Path(path).read_bytes())
+    data[offsets[3] + 20] ^= 0xFF                     # inside record 3's data
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(infeed.CorruptRecordError) as caught:
+        build_index(path)
+    assert (caught.value.path, caught.value.record_index, caught.value.offset) == (path, 3, offsets[3])
+
+
+@pytest.fixture
+def shards(tmp_path):
+    return [_write(tmp_path / f"s{i}.tfrecord", RECORDS[: i + 2]) for i in range(2)]
+
+
+def test_cli_indexes_each_file_then_finds_them_up_to_date(tmp_path, shards, capsys):
+    assert main(["index", str(tmp_path / "s*.tfrecord")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    sizes = [os.path.getsize(p) for p in shards]
+    assert lines[0].startswith(f"{shards[0]}: 2 records, {sizes[0]} bytes, indexed in ")
+    assert lines[1].startswith(f"{shards[1]}: 3 records, {sizes[1]} bytes, indexed in ")
+    assert lines[2] == f"2 files, 5 records, {sum(sizes)} bytes: 2 indexed, 0 up to date"
+    assert load_index(shards[1]).count == 3
+
+    assert main(["index", str(tmp_path / "*")]) == 0              # the sidecars it matches are skipped
+    assert capsys.readouterr().out.splitlines() == [
+        f"{shards[0]}: 2 records, {sizes[0]} bytes, up to date",
+        f"{shards[1]}: 3 records, {sizes[1]} bytes, up to date",
+        f"2 files, 5 records, {sum(sizes)} bytes: 0 indexed, 2 up to date"]
+
+
+def test_cli_force_rebuilds_and_a_stale_sidecar_is_replaced(shards, capsys):
+    main(["index", *shards])
+    capsys.readouterr()
+    with open(shards[0], "ab") as f:
+        f.write(_tfrecord.frame(b"more"))
+    assert main(["index", *shards]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{shards[0]}: 3 records, ") and "replaced an unusable index: stale" in out[0]
+    assert out[1].endswith("up to date")
+    assert main(["index", "--force", shards[1]]) == 0
+    assert "indexed in" in capsys.readouterr().out
+
+
+def test_cli_json_lists_one_entry_per_file(shards, capsys):
+    assert main(["index", "--json", *shards]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(r["path"], r["records"], r["status"], r["index"]) for r in report] == [
+        (shards[0], 2, "indexed", shards[0] + ".index"), (shards[1], 3, "indexed", shards[1] + ".index")]
+    assert main(["index", "--json", shards[0]]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"path": shards[0], "records": 2, "bytes": os.path.getsize(shards[0]), "status": "up to date"}]
+
+
+def test_cli_exit_statuses(tmp_path, capsys):
+    corrupt = _write(tmp_path / "c.tfrecord")
+    data = bytearray(Path(corrupt).read_bytes())
+    data[-1] ^= 0xFF
+    Path(corrupt).write_bytes(bytes(data))
+    assert main(["index", corrupt]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"infeed index: error: {corrupt}: corrupt record {len(RECORDS) - 1} at byte offset ")
+    assert not os.path.exists(index_path(corrupt))
+
+    gz = _write(tmp_path / "g.tfrecord.gz", compression="GZIP")
+    assert main(["index", gz]) == 2
+    assert "compressed stream give no random access" in capsys.readouterr().err
+    assert main(["index", str(tmp_path / "none-*.tfrecord")]) == 2
+    assert "no files match" in capsys.readouterr().err
