@@ -2,7 +2,8 @@
 
 from infeed.daemon import Batch, Daemon, Feed, attach
 from infeed.dataset import Dataset
-from infeed.errors import AttachError, CorruptRecordError, DecodeError, InfeedError, ShmSpaceError, Timeout, WorkerDied
+from infeed.errors import (AttachError, CorruptRecordError, DecodeError, IndexFileError, InfeedError, ShmSpaceError,
+                           Timeout, WorkerDied)
 from infeed.example import ExampleParser, decode_example, encode_example, parse_examples
 from infeed.reader import read_records
 from infeed.ring import Ring
@@ -20,6 +21,7 @@ __all__ = [
     "ExampleParser",
     "Feed",
     "FixedLen",
+    "IndexFileError",
     "InfeedError",
     "Padded",
     "Ring",

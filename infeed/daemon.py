@@ -236,6 +236,8 @@ class Daemon(Feed):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, got {slots!r}")
         start = start_of(dataset, state)
+        if dataset.shuffle == "global":
+            dataset.indexes()                   # every file has a usable index, or a clear error now
         slots = -(-slots // num_workers) * num_workers
         meta = json.dumps({"dataset": dataset.to_json(), "workers": num_workers}).encode()
         ring = Ring.create(dataset.template(), slots, steps_per_slot=dataset.steps_per_slot,

@@ -15,7 +15,9 @@ The order, per epoch ``e`` (0, 1, ...):
    ``num_shards``-th record of that stream from ``shard_index``);
 3. with ``shuffle_buffer=N > 1``, passed through a buffer of N records drawn
    at random with ``(seed, e)``; with ``shuffle="global"`` (needs ``infeed
-   index`` sidecars), a uniform permutation of the epoch's records instead;
+   index`` sidecars), a uniform permutation of the epoch's records instead
+   (whether the records are read in order or through a sidecar's offsets,
+   the sequence is the same);
 4. cut into batches of ``batch_size``; the epoch's last, partial batch is
    dropped (``final_batch="drop"``) or filled with zero rows flagged in a bool
    ``is_padding`` array (``"pad"``; every batch then carries ``is_padding``).
@@ -109,6 +111,26 @@ class Dataset:
         if self.shards_by_file:
             return self.paths[self.shard_index::self.num_shards]
         return self.paths
+
+    def indexes(self) -> dict | None:
+        """``{path: RecordIndex}`` for this host's files when every one has an ``infeed index``
+        sidecar, else None; ``shuffle="global"`` needs them (ValueError naming a file without one).
+
+        With them, workers read only the records of their own batches, global
+        shuffling is possible, and a resume jumps straight to its batch.
+        """
+        from infeed.index import load_index
+
+        found = {}
+        for path in self.shard_paths():
+            index = load_index(path)
+            if index is None:
+                if self.shuffle == "global":
+                    raise ValueError(f"shuffle='global' needs a record index for every file and {path} has none: "
+                                     f"run `infeed index` on the files first")
+                return None
+            found[path] = index
+        return found
 
     def template(self) -> dict:
         """One batch's arrays (``{name: (shape, dtype)}``) as a ring slot holds them."""

@@ -25,22 +25,27 @@ def _expand_local(pattern: str) -> list[str]:
 
 
 def _expand_uri(pattern: str) -> list[str]:
+    """A URI's matches: ``*`` and ``[...]`` are patterns, ``?`` starts the query (``?region=...``),
+    which every match keeps; ``**/`` matches zero or more folders, as in a local glob."""
     import pyarrow.fs as pafs
 
+    pattern, query = (pattern.split("?", 1) + [""])[:2]
+    query = f"?{query}" if query else ""
     scheme, rest = pattern.split("://", 1)
-    cut = min((rest.find(c) for c in _MAGIC if c in rest), default=-1)
+    cut = min((rest.find(c) for c in "*[" if c in rest), default=-1)
     if cut < 0:
-        fs, inner = pafs.FileSystem.from_uri(pattern)
+        fs, inner = pafs.FileSystem.from_uri(pattern + query)
         if fs.get_file_info(inner).type != pafs.FileType.File:
-            raise FileNotFoundError(f"no such file: {pattern!r}")
-        return [pattern]
+            raise FileNotFoundError(f"no such file: {pattern + query!r}")
+        return [pattern + query]
     base_uri = f"{scheme}://{rest[:rest.rfind('/', 0, cut) + 1]}"
-    fs, base = pafs.FileSystem.from_uri(base_uri)
+    fs, base = pafs.FileSystem.from_uri(base_uri + query)
     prefix = f"{scheme}://"
     inner_pattern = base.rstrip("/") + "/" + rest[rest.rfind("/", 0, cut) + 1:]
     infos = fs.get_file_info(pafs.FileSelector(base, recursive="**" in pattern, allow_not_found=True))
-    return sorted(prefix + info.path for info in infos
-                  if info.type == pafs.FileType.File and fnmatch.fnmatchcase(info.path, inner_pattern))
+    patterns = {inner_pattern, inner_pattern.replace("**/", "")}
+    return sorted(prefix + info.path + query for info in infos
+                  if info.type == pafs.FileType.File and any(fnmatch.fnmatchcase(info.path, p) for p in patterns))
 
 
 def expand_files(files: str | os.PathLike | Sequence) -> list[str]:

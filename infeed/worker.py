@@ -102,13 +102,14 @@ class Producer:
         done = 0                  # batches of the sequence passed so far (mine or not)
         slot = None
         try:
+            indexes = ds.indexes()
             while ds.num_epochs is None or epoch < ds.num_epochs:
                 base, before = done - first, done
 
                 def owned(index, base=base):
                     return ((base + index) // per_slot) % w == k
 
-                for planned in epoch_batches(ds, epoch, first, owned):
+                for planned in epoch_batches(ds, epoch, first, owned, indexes):
                     unit, step = divmod(done, per_slot)
                     if unit % w == k:
                         busy = time.monotonic_ns()

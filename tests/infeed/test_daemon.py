@@ -339,3 +339,52 @@ def test_ctrl_c_in_the_trainer_stops_everything(files):
     assert not os.path.exists(os.path.join(SHM_DIR, name))
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}")
+
+
+@pytest.fixture
+def indexed(files, tmp_path):
+    """Copies of the files, each with an `infeed index` sidecar."""
+    from infeed.index import build_index, write_index
+
+    paths = []
+    for path in files:
+        copy = tmp_path / os.path.basename(path)
+        copy.write_bytes(open(path, "rb").read())
+        write_index(build_index(str(copy)))
+        paths.append(str(copy))
+    return paths
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 30])
+def test_an_index_changes_how_records_are_read_not_which(files, indexed, shuffle_buffer):
+    kw = dict(batch_size=9, shuffle_files=True, shuffle_buffer=shuffle_buffer, seed=4, num_epochs=2, final_batch="pad")
+    streamed = collect(Dataset(files, SPEC, **kw), num_workers=2)
+    through_index = collect(Dataset(indexed, SPEC, **kw), num_workers=3)
+    assert_same(through_index, streamed)
+
+
+def test_global_shuffle_is_a_seeded_permutation_whatever_the_workers(indexed):
+    ds = Dataset(indexed, SPEC, batch_size=10, shuffle="global", seed=11, num_epochs=2)
+    one, two = ids_of(collect(ds, num_workers=1)), ids_of(collect(ds, num_workers=2))
+    assert one == two
+    epoch0, epoch1 = sum(one[:10], []), sum(one[10:], [])
+    assert sorted(epoch0) == sorted(epoch1) == list(range(100)) and epoch0 != epoch1
+    # records from every file are mixed from the first batch on, unlike a 10-record buffer
+    assert len({i // 40 for i in one[0]}) > 1
+    assert ids_of(collect(Dataset(indexed, SPEC, batch_size=10, shuffle="global", seed=12))) != one[:10]
+    with Daemon(ds, num_workers=2, lock_memory=False, timeout=60) as feed:
+        head = [next(feed)["id"].tolist() for _ in range(13)]
+        state = feed.state()
+    assert head + ids_of(collect(ds, num_workers=1, state=state)) == one
+
+
+def test_global_shuffle_without_an_index_or_with_a_stale_one_is_refused(files, indexed):
+    with pytest.raises(ValueError, match="infeed index"):
+        Daemon(Dataset(files, SPEC, batch_size=10, shuffle="global"))
+    with open(indexed[1], "ab") as f:
+        f.write(open(files[0], "rb").read()[:100])
+    with pytest.raises(infeed.errors.IndexFileError, match="stale|size"):
+        Daemon(Dataset(indexed, SPEC, batch_size=10, shuffle="global"))
+    with Daemon(Dataset(indexed, SPEC, batch_size=10), num_workers=1, lock_memory=False, timeout=60) as feed:
+        with pytest.raises(infeed.errors.IndexFileError):
+            next(feed)

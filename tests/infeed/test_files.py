@@ -29,6 +29,7 @@ def test_directories_are_not_files(tree):
 def test_uris_go_through_pyarrow_and_keep_their_scheme(tree):
     assert expand_files(f"file://{tree}/x*.tfrecord") == [f"file://{tree}/x1.tfrecord", f"file://{tree}/x2.tfrecord"]
     assert expand_files(f"file://{tree}/**/*3.tfrecord") == [f"file://{tree}/b/x3.tfrecord"]
+    assert expand_files(f"file://{tree}/**/x1.tfrecord") == [f"file://{tree}/x1.tfrecord"]   # ** is zero folders too
     assert expand_files(f"file://{tree}/x1.tfrecord") == [f"file://{tree}/x1.tfrecord"]
 
 
