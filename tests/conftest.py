@@ -1,6 +1,11 @@
 import os
 from pathlib import Path
 
+# Multi-device code runs on 8 CPU "devices"; XLA reads this when JAX first starts, so set it before any import.
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 import pytest
 
 #: TensorFlow-written conformance files, beside the project's checkout.
