@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python -m bench decode
+	$(BIN)/python -m bench decode infeed
 
 fuzz: $(STAMP)
 	$(BIN)/python -m pip install -q 'atheris>=2.3,<4'

@@ -3,6 +3,8 @@
 examples (from the repository root):
   python -m bench decode              # ~1 minute with TensorFlow installed
   python -m bench decode --quick      # ~20 seconds: fewer records and runs
+  python -m bench infeed              # the decoding daemon, ~1 minute on 2 cores
+  python -m bench infeed --workers 1,2,4 --layouts mnist
   python -m bench all --json out.json
 """
 
@@ -12,14 +14,27 @@ import argparse
 import shlex
 import sys
 
-from bench import decode, harness
+from bench import decode, harness, infeed_suite
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
     "decode": lambda args: decode.run(
         args.layouts or tuple(decode.datasets.LAYOUTS), scale=args.scale, quick=args.quick, repeats=args.repeats,
         data_dir=args.data_dir, seed=args.seed, cpu=args.cpu, tensorflow=not args.no_tf),
+    "infeed": lambda args: infeed_suite.run(
+        args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, scale=args.scale, quick=args.quick,
+        repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
 }
+
+
+def _workers(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated worker counts, got {text!r}") from None
+    if not out or any(w < 1 for w in out):
+        raise argparse.ArgumentTypeError(f"worker counts must be positive, got {text!r}")
+    return out
 
 
 def parse_args(argv):
@@ -28,17 +43,20 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("suites", nargs="+", choices=[*SUITES, "all"], metavar="SUITE",
                    help=f"one or more of: {', '.join(SUITES)}, all")
-    p.add_argument("--quick", action="store_true", help="fewer records and runs (~20 s)")
+    p.add_argument("--quick", action="store_true", help="fewer records and runs (~20 s a suite)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 7, --quick 3)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiplies every dataset's record count (default 1; 0.01 for a smoke run)")
     p.add_argument("--layouts", type=lambda s: [x for x in s.split(",") if x], default=None,
-                   help="decode: comma-separated layouts (default: all of mnist,criteo,imagenet)")
+                   help="comma-separated layouts (default: all of mnist,criteo,imagenet)")
+    p.add_argument("--workers", type=_workers, default=list(infeed_suite.WORKERS),
+                   help="infeed: comma-separated daemon worker counts (default: 1,2)")
     p.add_argument("--json", metavar="PATH", help="also write the figures and machine facts as JSON")
     p.add_argument("--data-dir", metavar="DIR",
                    help="write (and reuse) the datasets here instead of a temporary directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated datasets (default 0)")
-    p.add_argument("--cpu", type=int, default=None, help="the CPU to pin to (default: the last allowed)")
+    p.add_argument("--cpu", type=int, default=None,
+                   help="decode: the CPU to pin to (default: the last allowed; infeed never pins)")
     p.add_argument("--no-tf", action="store_true", help="skip the tf.data comparison even if TensorFlow is installed")
     args = p.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:

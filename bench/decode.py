@@ -33,7 +33,7 @@ import infeed
 from bench import datasets
 from bench.harness import Case, Ratio, SuiteResult, interleave, log, pinned_to_one_cpu, settle_allocator
 
-__all__ = ["run", "tf_feature_spec", "BATCH_SIZE", "PAGE_CACHE_BUFFER", "TARGETS",
+__all__ = ["run", "tf_feature_spec", "parse_case", "BATCH_SIZE", "PAGE_CACHE_BUFFER", "TARGETS",
            "PAGE_CACHE", "PAGE_CACHE_ONE", "READ", "PARSE", "TF_READ", "TF_PARSE"]
 
 BATCH_SIZE = 128
@@ -99,7 +99,8 @@ def _read_case(ds: datasets.Dataset) -> Case:
     return Case(READ, run, ds.records, ds.nbytes)
 
 
-def _parse_case(ds: datasets.Dataset, batch_size: int) -> Case:
+def parse_case(ds: datasets.Dataset, batch_size: int) -> Case:
+    """``read_batch(batch_size)`` and ``ExampleParser.parse`` into one preallocated batch, in this process."""
     parser = infeed.ExampleParser(ds.layout.spec())
     out = parser.allocate(batch_size)
 
@@ -156,7 +157,7 @@ def _cases(ds: datasets.Dataset, batch_size: int, tf) -> list[Case]:
         while f.read(PAGE_CACHE_BUFFER):
             pass
     cases = [_page_cache_case(ds, PAGE_CACHE, PAGE_CACHE_BUFFER), _page_cache_case(ds, PAGE_CACHE_ONE, ONE_BUFFER_MAX),
-             _read_case(ds), _parse_case(ds, batch_size)]
+             _read_case(ds), parse_case(ds, batch_size)]
     if tf is not None:
         _check_same_first_batch(ds, batch_size, tf)
         cases += _tf_cases(ds, batch_size, tf)

@@ -4,8 +4,11 @@ A suite builds :class:`Case` s (a function doing a known amount of work) and
 hands them to :func:`interleave`, which runs a warm-up pass and then the
 repeats in turn (A B C A B C ...), so that a noisy neighbour slows every case
 alike instead of one.  Each case gives a :class:`Figure`: median, min and max
-over its repeats, as records/s and MB/s (MB = 10**6 bytes).  A suite returns a
-:class:`SuiteResult` (figures, ratios against targets, notes), which
+over its repeats, as records/s and MB/s (MB = 10**6 bytes), and batches/s
+where the figure counts batches.  What is not a throughput (a start-up time,
+a latency, a CPU share) is a :class:`Timing`: median, p90, min and max of its
+samples, with an upper bound as its target.  A suite returns a
+:class:`SuiteResult` (figures, timings, ratios against targets, notes), which
 :func:`format_result` prints and :func:`write_json` saves with the facts of the
 machine.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import os
 import platform
 import statistics
@@ -29,8 +33,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 __all__ = [
-    "Case", "Measurement", "Figure", "Ratio", "SuiteResult", "interleave", "pinned_to_one_cpu", "settle_allocator",
-    "machine_facts", "format_result", "write_json", "log",
+    "Case", "Measurement", "Figure", "Timing", "Ratio", "SuiteResult", "interleave", "pinned_to_one_cpu",
+    "settle_allocator", "machine_facts", "format_result", "format_table", "format_timings", "format_ratios",
+    "write_json", "log",
 ]
 
 #: The JSON layout's version; bump it when a field changes meaning.
@@ -86,11 +91,17 @@ class Figure:
     seconds_median: float
     seconds_min: float
     seconds_max: float
+    batches: int | None = None      # batches per run, where the figure counts them
 
     @property
     def records_per_s(self) -> float:
         """Median records per second."""
         return self.records / self.seconds_median
+
+    @property
+    def batches_per_s(self) -> float | None:
+        """Median batches per second (None when the figure does not count batches)."""
+        return None if self.batches is None else self.batches / self.seconds_median
 
     @property
     def mb_per_s(self) -> float:
@@ -102,22 +113,73 @@ class Figure:
         out.update(records_per_s=self.records_per_s, mb_per_s=self.mb_per_s,
                    records_per_s_min=self.records / self.seconds_max,
                    records_per_s_max=self.records / self.seconds_min)
+        if self.batches is not None:
+            out["batches_per_s"] = self.batches_per_s
         return out
+
+
+def _nearest_rank(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0 < q <= 1) of sorted values by the nearest-rank method (an observed value)."""
+    return ordered[min(len(ordered), max(1, math.ceil(len(ordered) * q))) - 1]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A measured duration or share, lower is better: a start-up time, a latency, a CPU share.
+
+    ``unit`` is what the numbers are in (``"ms"``, ``"us"``, ``"%"``);
+    ``samples`` how many values the median, p90 (nearest rank), min and max are
+    of; ``target_max``: the bound the median should stay below (None: none).
+    """
+
+    suite: str
+    group: str
+    name: str
+    unit: str
+    median: float
+    p90: float
+    min: float
+    max: float
+    samples: int
+    target_max: float | None = None
+
+    @classmethod
+    def of(cls, suite: str, group: str, name: str, unit: str, values: Sequence[float],
+           target_max: float | None = None) -> "Timing":
+        """The timing of ``values`` (already in ``unit``)."""
+        if not values:
+            raise ValueError(f"timing {name!r}: no samples")
+        ordered = sorted(values)
+        return cls(suite, group, name, unit, statistics.median(ordered), _nearest_rank(ordered, 0.9),
+                   ordered[0], ordered[-1], len(ordered), target_max)
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target_max is None else self.median < self.target_max
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "met": self.met}
 
 
 @dataclass(frozen=True)
 class Ratio:
-    """A ratio of two figures' medians (higher is better), with the target it should reach."""
+    """A ratio of two figures' medians (higher is better), with the target it should reach.
+
+    ``strict``: the ratio must exceed the target, not merely reach it.
+    """
 
     suite: str
     group: str
     name: str
     value: float
     target: float | None = None
+    strict: bool = False
 
     @property
     def met(self) -> bool | None:
-        return None if self.target is None else self.value >= self.target
+        if self.target is None:
+            return None
+        return self.value > self.target if self.strict else self.value >= self.target
 
     def to_json(self) -> dict:
         return {**asdict(self), "met": self.met}
@@ -125,7 +187,7 @@ class Ratio:
 
 @dataclass
 class SuiteResult:
-    """What one suite measured: figures, ratios, notes, and the parameters it ran with."""
+    """What one suite measured: figures, timings, ratios, notes, and the parameters it ran with."""
 
     suite: str
     figures: list[Figure] = field(default_factory=list)
@@ -134,6 +196,7 @@ class SuiteResult:
     params: dict = field(default_factory=dict)
     group_label: str = "group"      # what the table's first column calls Figure.group
     name_label: str = "case"        # and its second, Figure.name
+    timings: list[Timing] = field(default_factory=list)
 
     def figure(self, group: str, name: str) -> Figure:
         for f in self.figures:
@@ -141,9 +204,18 @@ class SuiteResult:
                 return f
         raise KeyError((group, name))
 
+    def timing(self, group: str, name: str) -> Timing:
+        for t in self.timings:
+            if (t.group, t.name) == (group, name):
+                return t
+        raise KeyError((group, name))
+
     def to_json(self) -> dict:
-        return {"suite": self.suite, "params": self.params, "notes": self.notes,
-                "figures": [f.to_json() for f in self.figures], "ratios": [r.to_json() for r in self.ratios]}
+        out = {"suite": self.suite, "params": self.params, "notes": self.notes,
+               "figures": [f.to_json() for f in self.figures], "ratios": [r.to_json() for r in self.ratios]}
+        if self.timings:
+            out["timings"] = [t.to_json() for t in self.timings]
+        return out
 
 
 def interleave(cases: Sequence[Case], repeats: int, warmup: int = 1) -> list[Measurement]:
@@ -267,19 +339,42 @@ def _rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
 
-def format_table(figures: Sequence[Figure], group_label: str = "group", name_label: str = "case") -> str:
-    """A fixed-width table: one row per figure, medians first, then the spread and the repeat count."""
-    head = (group_label, name_label, "records/s", "MB/s", "records/s min..max", "runs", "records")
-    rows = [(f.group, f.name, _rate(f.records_per_s), _rate(f.mb_per_s),
-             f"{_rate(f.records / f.seconds_max)}..{_rate(f.records / f.seconds_min)}",
-             str(f.repeats), f"{f.records:,}") for f in figures]
+def _columns(head: Sequence[str], rows: Sequence[Sequence[str]], left: set[int]) -> str:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    left = {0, 1}
 
     def line(r):
         return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
 
     return "\n".join([line(head), "  ".join("-" * w for w in widths), *map(line, rows)])
+
+
+def format_table(figures: Sequence[Figure], group_label: str = "group", name_label: str = "case") -> str:
+    """A fixed-width table: one row per figure, medians first, then the spread and the repeat count.
+
+    A batches/s column appears when some figure counts batches.
+    """
+    with_batches = any(f.batches is not None for f in figures)
+    head = (group_label, name_label, "records/s", "MB/s", *(["batches/s"] if with_batches else []),
+            "records/s min..max", "runs", "records")
+    rows = [(f.group, f.name, _rate(f.records_per_s), _rate(f.mb_per_s),
+             *([] if not with_batches else ["" if f.batches is None else _rate(f.batches_per_s)]),
+             f"{_rate(f.records / f.seconds_max)}..{_rate(f.records / f.seconds_min)}",
+             str(f.repeats), f"{f.records:,}") for f in figures]
+    return _columns(head, rows, {0, 1})
+
+
+def _amount(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.1f}" if abs(x) >= 10 else f"{x:,.2f}"
+
+
+def format_timings(timings: Sequence[Timing], group_label: str = "group") -> str:
+    """A fixed-width table of timings: median, p90, range, sample count and the target, if any."""
+    head = (group_label, "timing", "unit", "median", "p90", "min..max", "samples", "target")
+    rows = [(t.group, t.name, t.unit, _amount(t.median), _amount(t.p90), f"{_amount(t.min)}..{_amount(t.max)}",
+             str(t.samples),
+             "" if t.target_max is None else f"< {t.target_max:g} {t.unit}: {'met' if t.met else 'MISSED'}")
+            for t in timings]
+    return _columns(head, rows, {0, 1, 2, 7})
 
 
 def format_ratios(ratios: Sequence[Ratio]) -> str:
@@ -288,7 +383,8 @@ def format_ratios(ratios: Sequence[Ratio]) -> str:
     nw = max(len(r.name) for r in ratios)
 
     def line(r):
-        target = "" if r.target is None else f"  target >= {r.target:g}x: {'met' if r.met else 'MISSED'}"
+        op = ">" if r.strict else ">="
+        target = "" if r.target is None else f"  target {op} {r.target:g}x: {'met' if r.met else 'MISSED'}"
         return f"{r.group:<{gw}}  {r.name:<{nw}}  {r.value:6.2f}x{target}"
 
     return "\n".join(map(line, ratios))
@@ -296,6 +392,8 @@ def format_ratios(ratios: Sequence[Ratio]) -> str:
 
 def format_result(result: SuiteResult) -> str:
     parts = [f"== {result.suite} ==", format_table(result.figures, result.group_label, result.name_label)]
+    if result.timings:
+        parts += ["", "timings (lower is better):", format_timings(result.timings, result.group_label)]
     if result.ratios:
         parts += ["", "ratios of medians (higher is better):", format_ratios(result.ratios)]
     if result.notes:

@@ -1,0 +1,443 @@
+"""The ``infeed`` suite: the decoding daemon (``infeed.Daemon``) against decoding in the trainer's process.
+
+Per layout (see :mod:`bench.datasets`; written by ``ensure_dataset`` as for
+``bench decode``, so a shared ``--data-dir`` reuses them, but with at least 32
+batches so that the ring of 8 slots turns over: imagenet has 4,096 records
+here, 1,024 there), it times, interleaved (A B C A B C ...):
+
+- ``parse (1 process)``: ``read_batch(B)`` and ``ExampleParser.parse`` into
+  one preallocated batch in this process (``bench decode``'s ``infeed read +
+  parse`` case, reused): the single-process decode rate, the baseline.
+- ``daemon W=w``: ``infeed.Daemon(infeed.Dataset(file, spec, batch_size=B,
+  num_epochs=1), num_workers=w, slots=8, lock_memory=False)`` and a consumer
+  that only takes every batch (``for batch in feed: pass``). The rate is the
+  steady state, once every worker runs: from the arrival of batch W (the
+  last worker's first; the slots the others filled meanwhile count in it) to
+  the end of the data, batches W+1..N. ``daemon W=w incl. start-up`` times
+  the same runs from just after ``Daemon(...)`` returns (every batch), and
+  the timing ``start-up W=w`` is the time from the ``Daemon(...)`` call to the
+  first batch (ring creation, the worker's interpreter start and imports, the
+  first batch's decode); for W > 1 a second one runs to batch W, one from
+  every worker (they start one after another and share the CPUs).
+- ``daemon W=w, busy consumer``: the consumer works for a fixed time per batch
+  (``B / parse rate``: the single-process decode time of one batch, measured
+  by the ``parse`` rows first), so that with W=1 consumer and worker are about
+  equally fast. The work is a sleep (a trainer waiting for its accelerator),
+  shortened by the sleep's usual overshoot and finished by a short spin, a
+  late wake-up paid back by the next batches' work (see :class:`Work`): it
+  averages the set time without taking a CPU from the workers (spinning would
+  leave W=2 one CPU on a 2-CPU machine). Rated as the steady state above,
+  from the end of batch W's work, in batches/s.
+
+And the timings (lower is better):
+
+- ``consumer CPU share W=w``: ``time.process_time()`` of this process over the
+  wall time of a do-nothing ``daemon W=w`` run's steady state: what being fed
+  costs the trainer (the workers are other processes).
+- ``hand-off``: a daemon (W=1, 8 slots, ``batch_size=1``) is left to fill every
+  slot, then ``next(feed)`` is timed for each batch already waiting (which
+  also hands the previous slot back to the workers); repeated, in
+  microseconds. The target is below 50 us.
+
+Before timing, the daemon's first two batches (W = the most workers asked
+for) are checked against ``ExampleParser.parse`` of the same records. With
+``--quick`` (32 batches of mnist and criteo, 8 of imagenet) a steady state
+lasts milliseconds and the ring's first pass (its pages touched for the
+first time) weighs in: a smoke run, not figures to quote.
+
+The consumer keeps ``Feed``'s default polling (``Feed.spin``, which depends on
+the CPUs and W); the notes give it for each W.
+
+The consumer is not pinned to a CPU for the daemon rows (the workers inherit
+its affinity, and need the other cores), and so that the comparison is fair
+the ``parse`` baseline runs unpinned too: everything in this suite is
+unpinned, unlike ``bench decode``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+import infeed
+from bench import datasets, decode
+from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator
+
+__all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
+           "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
+           "handoff_samples", "BATCH_SIZE", "SLOTS", "WORKERS", "MIN_BATCHES", "QUICK_MIN_BATCHES", "SMALLEST",
+           "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS"]
+
+SUITE = "infeed"
+BATCH_SIZE = decode.BATCH_SIZE
+SLOTS = 8
+WORKERS = (1, 2)
+#: The fewest batches a layout's dataset has (full run, --quick): enough for the 8-slot ring to turn over.
+MIN_BATCHES, QUICK_MIN_BATCHES = 32, 8
+#: Batches every dataset has at least: below ``SMALLEST * batch_size`` records (a tiny --scale) the batch shrinks.
+SMALLEST = 4
+#: Hand-off rounds per repeat (each round times up to ``SLOTS - 1`` batches).
+HANDOFF_ROUNDS = 30
+HANDOFF_TARGET_US = 50.0
+#: Untimed runs of every case before the timed ones.
+WARMUP = 1
+#: Seconds to wait for the workers to fill the ring before a hand-off round gives up.
+FILL_TIMEOUT = 30.0
+
+PARSE = "parse (1 process)"
+HANDOFF = "hand-off: next(feed), batch waiting (B=1)"
+
+#: (numerator, denominator) -> (minimum ratio of the medians, whether it must be exceeded).
+TARGETS = {("daemon W=1", PARSE): (0.9, False), ("daemon W=2, busy consumer", "daemon W=1, busy consumer"): (1.0, True)}
+
+
+def daemon_name(workers: int) -> str:
+    return f"daemon W={workers}"
+
+
+def startup_name(workers: int) -> str:
+    return f"daemon W={workers} incl. start-up"
+
+
+def busy_name(workers: int) -> str:
+    return f"daemon W={workers}, busy consumer"
+
+
+def startup_timing(workers: int) -> str:
+    return f"start-up W={workers}: Daemon() to 1st batch"
+
+
+def every_worker_timing(workers: int) -> str:
+    return f"start-up W={workers}: to a batch from each worker"
+
+
+def cpu_timing(workers: int) -> str:
+    return f"consumer CPU share W={workers}"
+
+
+def record_count(layout: datasets.Layout, *, scale: float = 1.0, quick: bool = False,
+                 batch_size: int = BATCH_SIZE) -> int:
+    """Records of ``layout`` this suite reads: the decode suite's count, at least 32 batches (8 with --quick),
+    times ``scale``; never fewer than :data:`SMALLEST`."""
+    base = layout.quick_records if quick else layout.records
+    base = max(base, (QUICK_MIN_BATCHES if quick else MIN_BATCHES) * batch_size)
+    return max(SMALLEST, round(base * scale))
+
+
+# --- the consumer's work ---------------------------------------------------------------------------
+
+def sleep_overshoot(samples: int = 50) -> float:
+    """The median seconds ``time.sleep`` oversleeps a short request by (timer slack, wake-up)."""
+    request = 20e-6
+    out = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        time.sleep(request)
+        out.append(time.perf_counter() - t - request)
+    return max(statistics.median(out), 0.0)
+
+
+class Work:
+    """A consumer's work per batch: ``seconds`` on average, mostly asleep.
+
+    Each call sleeps its budget less the sleep's expected overshoot (timer
+    slack, wake-up latency; a moving average of what the sleeps take, from
+    ``overshoot``) and spins to the deadline. A sleep that overshoots anyway
+    (a wake-up delayed while the workers hold every CPU) is a debt that the
+    next calls' budgets pay back, so the work averages ``seconds`` per batch;
+    time spent waiting for a batch is never work. ``total / calls`` is what
+    it lasted, ``slept / calls`` the part asleep.
+    """
+
+    #: Shortest sleep worth asking for; below it the work only spins.
+    MIN_SLEEP = 10e-6
+
+    def __init__(self, seconds: float, overshoot: float):
+        self.seconds, self.overshoot = seconds, overshoot
+        self.total, self.calls, self.slept, self.debt = 0.0, 0, 0.0, 0.0
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        budget = max(self.seconds - self.debt, 0.0)
+        deadline = start + budget
+        request = budget - self.overshoot
+        if request >= self.MIN_SLEEP:
+            time.sleep(request)
+            slept = time.perf_counter() - start
+            self.slept += slept
+            self.overshoot += 0.05 * (min(slept - request, self.seconds) - self.overshoot)
+        while (now := time.perf_counter()) < deadline:
+            pass
+        took = now - start
+        self.debt += took - self.seconds
+        self.total += took
+        self.calls += 1
+
+
+# --- the daemon cases ------------------------------------------------------------------------------
+
+class DaemonCase:
+    """One daemon run over a dataset to its end, as a :class:`~bench.harness.Case`; keeps each run's inner times.
+
+    The harness times the whole of ``run`` (workers started and stopped
+    included); the figures come from the times kept here instead:
+
+    - ``steady``: from the arrival of the first batch of the last worker to
+      start (batch W-1; with ``work``, from the end of its work) to the end of
+      the data: batches ``lead``..N-1, where ``lead`` is W (at most N-1);
+    - ``after_made``: from ``Daemon(...)`` returning to the end (every batch);
+    - ``first``, ``every``: from the ``Daemon(...)`` call to the first batch, and
+      to batch W-1 (a batch from every worker); without ``work`` only;
+    - ``cpu``: this process's CPU seconds over the steady wall time; without ``work`` only.
+    """
+
+    def __init__(self, name: str, dataset: infeed.Dataset, workers: int, batches: int, work: Work | None = None):
+        self.name, self.dataset, self.workers, self.work = name, dataset, workers, work
+        self.lead = max(1, min(workers, batches - 1))
+        self.steady: list[float] = []
+        self.after_made: list[float] = []
+        self.first: list[float] = []
+        self.every: list[float] = []
+        self.cpu: list[float] = []
+        self.spin = None
+
+    def run(self) -> int:
+        work = self.work
+        called = time.perf_counter()
+        with infeed.Daemon(self.dataset, num_workers=self.workers, slots=SLOTS, lock_memory=False) as feed:
+            made = time.perf_counter()
+            self.spin = getattr(feed, "spin", None)
+            for k in range(self.lead):
+                next(feed)
+                if k == 0:
+                    first = time.perf_counter()
+                if work is not None:
+                    work()
+            start, cpu0 = time.perf_counter(), time.process_time()
+            if work is None:
+                for batch in feed:
+                    pass
+            else:
+                for batch in feed:
+                    work()
+            end, cpu1 = time.perf_counter(), time.process_time()
+            taken = feed.ring.consumer_counters()["taken"]
+        self.steady.append(end - start)
+        self.after_made.append(end - made)
+        if work is None:
+            self.first.append(first - called)
+            self.every.append(start - called)
+            self.cpu.append((cpu1 - cpu0) / (end - start))
+        return taken * self.dataset.batch_size
+
+    def case(self, records: int, nbytes: int) -> Case:
+        return Case(self.name, self.run, records, nbytes)
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _framed_sizes(path: str) -> list[int]:
+    """Each record's bytes in the file, TFRecord framing (16 bytes) included."""
+    with infeed.read_records(path) as reader:
+        return [len(r) + 16 for r in reader]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, infeed.Padded):
+        return np.array_equal(a.lengths, b.lengths) and all(
+            np.array_equal(x[:n], y[:n]) for x, y, n in zip(a.values, b.values, a.lengths))
+    return np.array_equal(a, b)
+
+
+def check_same_batches(ds: datasets.Dataset, dataset: infeed.Dataset, workers: int, batches: int = 2) -> None:
+    """The daemon's first batches hold what parsing the file's first records gives, or its figures mean nothing."""
+    spec, b = dataset.features, dataset.batch_size
+    with infeed.read_records(ds.path) as reader:
+        records = [bytes(r) for r in itertools.islice(reader, batches * b)]
+    with infeed.Daemon(dataset, num_workers=workers, slots=SLOTS, lock_memory=False) as feed:
+        for k, batch in zip(range(batches), feed):
+            want = infeed.parse_examples(records[k * b:(k + 1) * b], spec)
+            for name in spec:
+                if not _same(want[name], batch[name]):
+                    raise RuntimeError(f"{ds.layout.name}: the daemon (W={workers}) decodes {name!r} of batch {k} "
+                                       "differently from ExampleParser.parse")
+
+
+def handoff_samples(path: str, spec: Mapping, rounds: int, slots: int = SLOTS) -> list[float]:
+    """Microseconds of ``next(feed)`` for batches already waiting in a full ring (B=1, W=1).
+
+    Round 0 (the first ``slots`` batches) is a warm-up; each later round waits
+    until the workers have refilled every slot but the one the consumer holds,
+    then times ``slots - 1`` calls.
+    """
+    dataset = infeed.Dataset(path, spec, batch_size=1, num_epochs=1)
+    samples: list[float] = []
+    with infeed.Daemon(dataset, num_workers=1, slots=slots, lock_memory=False) as feed:
+        ring = feed.ring
+        for r in range(rounds + 1):
+            want = ring.slots - (1 if r else 0)       # the slot the consumer holds is "reading"
+            deadline = time.monotonic() + FILL_TIMEOUT
+            while sum(ring.slot_state(i)[0] == "filled" for i in range(ring.slots)) < want:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"hand-off: the worker did not fill {want} slots in {FILL_TIMEOUT} s")
+                time.sleep(0.0002)
+            for _ in range(want):
+                t0 = time.perf_counter_ns()
+                next(feed)
+                dt = time.perf_counter_ns() - t0
+                if r:
+                    samples.append(dt / 1e3)
+    return samples
+
+
+# --- the suite -------------------------------------------------------------------------------------
+
+def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[int] = WORKERS,
+        records: Mapping[str, int] | None = None, scale: float = 1.0, quick: bool = False,
+        repeats: int | None = None, data_dir=None, seed: int = 0, batch_size: int = BATCH_SIZE) -> SuiteResult:
+    """Measures every layout; returns the figures, timings, ratios against TARGETS and notes.
+
+    workers: the worker counts to run the daemon with (each a positive int).
+    records: per-layout record counts; a layout not named gets :func:`record_count`'s.
+    repeats: timed runs per case (default 7, 3 with ``quick``); one untimed warm-up run precedes them.
+    data_dir: where the files go and are reused from; default a temporary directory, removed after.
+    """
+    unknown = [name for name in layouts if name not in datasets.LAYOUTS]
+    if unknown:
+        raise ValueError(f"unknown layouts {unknown}; known: {sorted(datasets.LAYOUTS)}")
+    workers = list(dict.fromkeys(workers))
+    if not workers or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in workers):
+        raise ValueError(f"workers must be positive ints, got {workers!r}")
+    repeats = repeats if repeats is not None else (3 if quick else 7)
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    counts = {name: int((records or {}).get(name, record_count(datasets.LAYOUTS[name], scale=scale, quick=quick,
+                                                                batch_size=batch_size)))
+              for name in layouts}
+    sizes = {name: min(batch_size, max(1, counts[name] // SMALLEST)) for name in layouts}
+    result = SuiteResult(SUITE, group_label="layout", name_label="pipeline",
+                         params={"layouts": list(layouts), "records": counts, "batch_size": sizes,
+                                 "workers": workers, "slots": SLOTS, "repeats": repeats, "warmup": WARMUP, "seed": seed,
+                                 "pinned": False, "cpus_allowed": _cpus()})
+    base = min(workers)
+    overshoot = sleep_overshoot()
+    result.params["sleep_overshoot_us"] = overshoot * 1e6
+    with contextlib.ExitStack() as stack:
+        if data_dir is None:
+            data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="infeed-bench-"))
+        else:
+            os.makedirs(data_dir, exist_ok=True)
+        written = []
+        for name in layouts:
+            log(f"infeed: writing {counts[name]:,} {name} records to {data_dir} ...")
+            ds = datasets.ensure_dataset(datasets.LAYOUTS[name], data_dir, counts[name], seed)
+            how = "reused" if ds.write_seconds is None else f"written in {ds.write_seconds:.1f} s"
+            result.notes.append(f"data: {name}: {ds.records:,} records, {ds.nbytes / 1e6:,.1f} MB "
+                                f"({ds.nbytes / ds.records:,.0f} B/record), batch {sizes[name]}, {how}: {ds.path}")
+            written.append(ds)
+        for ds in written:
+            _measure_layout(result, ds, sizes[ds.layout.name], workers, repeats, overshoot, base)
+    spin = ", ".join(f"W={w} {'off' if not v else f'{v * 1e6:g} us'}"
+                     for w, v in result.params.get("feed_spin_s", {}).items() if v is not None)
+    pinning = ("every row unpinned (the daemon's workers need the other CPUs; the parse baseline runs unpinned "
+               "too, to compare like with like); each figure is the median of the stated runs (one warm-up run "
+               "first; cases interleaved; garbage collector off while timing; malloc settled first)")
+    steady = ("daemon W=w: steady state, batches W+1..N (from the arrival of the last worker's first batch to the "
+              "end of the data; the slots the other workers filled meanwhile count in it); 'incl. start-up': from "
+              "Daemon(...) returning to the end; start-up timings: from the Daemon(...) call to the first batch, "
+              f"and to batch W (one from every worker). Ring: {SLOTS} slots, lock_memory=False"
+              + (f"; a consumer waiting for a batch polls before it sleeps (Feed.spin): {spin}" if spin else ""))
+    megabytes = ("MB/s: file bytes of the records counted (TFRecord framing included), MB = 10^6 bytes, "
+                 "the file in the page cache")
+    cpus = (f"{_cpus()} CPUs allowed (the suite pins nothing; the workers inherit this process's affinity): "
+            "the consumer and the W workers share them")
+    result.notes += [pinning, steady, megabytes, cpus]
+    return result
+
+
+def _steady_figure(c: DaemonCase, name: str, group: str, sizes: list[int], b: int, n_batches: int):
+    """The figure of a case's steady state: batches ``c.lead``..N-1."""
+    case = Case(name, c.run, (n_batches - c.lead) * b, sum(sizes[c.lead * b:n_batches * b]))
+    return dataclasses.replace(Measurement(case, c.steady[WARMUP:]).figure(SUITE, group), batches=n_batches - c.lead)
+
+
+def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: list[int], repeats: int,
+                    overshoot: float, base: int) -> None:
+    name, spec = ds.layout.name, ds.layout.spec()
+    with open(ds.path, "rb") as f:                       # into the page cache
+        while f.read(8 << 20):
+            pass
+    sizes = _framed_sizes(ds.path)
+    n_batches = len(sizes) // b
+    all_records, all_bytes = n_batches * b, sum(sizes[:n_batches * b])
+    dataset = infeed.Dataset(ds.path, spec, batch_size=b, num_epochs=1)
+    check_same_batches(ds, dataset, max(workers))
+
+    # Phase 1: the parse baseline and the do-nothing consumers.
+    log(f"infeed: timing {name} ({repeats} runs per case) ...")
+    parse = dataclasses.replace(decode.parse_case(ds, b), name=PARSE)
+    idle = {w: DaemonCase(daemon_name(w), dataset, w, n_batches) for w in workers}
+    settle_allocator()
+    measured = interleave([parse, *(c.case(all_records, all_bytes) for c in idle.values())], repeats, WARMUP)
+    parse_figure = dataclasses.replace(measured[0].figure(SUITE, name), batches=-(-len(sizes) // b))
+    result.figures.append(parse_figure)
+    for w, c in idle.items():
+        result.params.setdefault("feed_spin_s", {})[w] = c.spin
+        result.figures.append(_steady_figure(c, daemon_name(w), name, sizes, b, n_batches))
+    for w, c in idle.items():
+        whole = Case(startup_name(w), c.run, all_records, all_bytes)
+        result.figures.append(dataclasses.replace(Measurement(whole, c.after_made[WARMUP:]).figure(SUITE, name),
+                                                  batches=n_batches))
+
+    # Phase 2: a consumer that works B / (parse rate) per batch.
+    per_batch = b / parse_figure.records_per_s
+    log(f"infeed: timing {name} with a busy consumer ({per_batch * 1e6:,.0f} us per batch) ...")
+    busy = {w: DaemonCase(busy_name(w), dataset, w, n_batches, Work(per_batch, overshoot)) for w in workers}
+    interleave([c.case(all_records, all_bytes) for c in busy.values()], repeats, WARMUP)
+    for w, c in busy.items():
+        result.figures.append(_steady_figure(c, busy_name(w), name, sizes, b, n_batches))
+    done = [c.work for c in busy.values()]
+    calls = max(1, sum(x.calls for x in done))
+    result.notes.append(f"busy consumer, {name}: work per batch set to {per_batch * 1e6:,.0f} us "
+                        f"(batch {b} / the parse rate); as done {sum(x.total for x in done) / calls * 1e6:,.0f} us "
+                        f"on average, {sum(x.slept for x in done) / calls * 1e6:,.0f} us of it asleep")
+
+    # Timings: start-up, the consumer's CPU share, the hand-off.
+    for w, c in idle.items():
+        result.timings.append(Timing.of(SUITE, name, startup_timing(w), "ms", [s * 1e3 for s in c.first[WARMUP:]]))
+        if c.lead > 1:
+            result.timings.append(Timing.of(SUITE, name, every_worker_timing(w), "ms",
+                                            [s * 1e3 for s in c.every[WARMUP:]]))
+    for w, c in idle.items():
+        result.timings.append(Timing.of(SUITE, name, cpu_timing(w), "%", [s * 100 for s in c.cpu[WARMUP:]]))
+    rounds = min(HANDOFF_ROUNDS * repeats, (len(sizes) - SLOTS - 1) // (SLOTS - 1))
+    if rounds >= 1:
+        log(f"infeed: timing {name} hand-off ({rounds} rounds) ...")
+        samples = handoff_samples(ds.path, spec, rounds)
+        result.timings.append(Timing.of(SUITE, name, HANDOFF, "us", samples, HANDOFF_TARGET_US))
+    else:
+        result.notes.append(f"hand-off, {name}: not measured ({len(sizes)} records are too few for a round)")
+
+    # Ratios.
+    for w in workers:
+        num, den = daemon_name(w), PARSE
+        value = result.figure(name, num).records_per_s / parse_figure.records_per_s
+        target, strict = TARGETS.get((num, den), (None, False))
+        result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", value, target, strict))
+    for w in workers:
+        if w == base:
+            continue
+        num, den = busy_name(w), busy_name(base)
+        value = result.figure(name, num).records_per_s / result.figure(name, den).records_per_s
+        target, strict = TARGETS.get((num, den), (None, False))
+        result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", value, target, strict))
