@@ -32,10 +32,13 @@ import numpy as np
 cimport numpy as cnp
 
 from infeed.errors import DecodeError
+from infeed._tfrecord cimport RecordReader
 
 cnp.import_array()
 
 # Kinds, as the Feature oneof numbers them (0: no kind set).
+#: Records at least this long are decoded with the GIL released (below, releasing costs more than it frees).
+DEF NOGIL_RECORD = 65536
 DEF KIND_NONE = 0
 DEF KIND_BYTES = 1
 DEF KIND_FLOAT = 2
@@ -764,8 +767,7 @@ cdef class CompiledSpec:
         """
         records = tuple(records)     # the pointers below must outlive any change to the caller's list
         cdef Py_ssize_t nrec = len(records)
-        cdef Py_ssize_t i, r, rows
-        cdef cnp.ndarray arr
+        cdef Py_ssize_t i, r
         cdef Error err
         cdef int rc = 0
         cdef const uint8_t **ptrs
@@ -773,24 +775,7 @@ cdef class CompiledSpec:
         cdef Py_ssize_t failed = -1
         cdef Py_buffer *views
         cdef int nviews = 0
-        if len(values) != self.nfeat or len(lengths) != self.nfeat:
-            raise ValueError("decode_into needs one values and lengths entry per feature")
-        for i in range(self.nfeat):
-            arr = values[i]
-            if not cnp.PyArray_IS_C_CONTIGUOUS(arr) or not cnp.PyArray_ISWRITEABLE(arr):
-                raise ValueError(f"output for {self.names[i]!r} must be a writable C-contiguous array")
-            rows = arr.shape[0] if arr.ndim else 0
-            if row0 < 0 or row0 + nrec > rows:
-                raise ValueError(f"output for {self.names[i]!r} has {rows} rows; "
-                                 f"{nrec} records from row {row0} do not fit")
-            if cnp.PyArray_NBYTES(arr) != rows * self._row_bytes(i):
-                raise ValueError(f"output for {self.names[i]!r} has the wrong row size")
-            self.plan[i].values = <char *>cnp.PyArray_DATA(arr)
-            if self.plan[i].layout != LAYOUT_FIXED:
-                arr = lengths[i]
-                if arr.dtype != np.int32 or not cnp.PyArray_IS_C_CONTIGUOUS(arr) or arr.shape[0] < row0 + nrec:
-                    raise ValueError(f"lengths for {self.names[i]!r} must be int32 with a row per record")
-                self.plan[i].lengths = <int32_t *>cnp.PyArray_DATA(arr)
+        self._bind(values, lengths, row0, nrec)
         ptrs = <const uint8_t **>PyMem_Malloc(sizeof(void *) * max(nrec, 1))
         sizes = <Py_ssize_t *>PyMem_Malloc(sizeof(Py_ssize_t) * max(nrec, 1))
         views = <Py_buffer *>PyMem_Malloc(sizeof(Py_buffer) * max(nrec, 1))
@@ -826,6 +811,58 @@ cdef class CompiledSpec:
             PyMem_Free(views)
         if failed >= 0:
             raise self._error(&err, index_base + failed)
+
+    def decode_from(self, RecordReader reader, Py_ssize_t n, list values, list lengths, Py_ssize_t row0=0,
+                    Py_ssize_t index_base=0):
+        """Reads up to ``n`` records from ``reader`` (both CRCs checked) and decodes each where it
+        lies in the reader's buffer, into rows ``row0...``: no bytes object, no copy of the record.
+
+        Returns ``(records decoded, their bytes)``; fewer than ``n`` only at the end of the stream.
+        """
+        cdef Py_ssize_t r = 0, size = 0, nbytes = 0
+        cdef const uint8_t *data
+        cdef Error err
+        cdef int rc = 0
+        self._bind(values, lengths, row0, n)
+        while r < n and reader.next_frame(True, &data, &size):
+            err.code = OK
+            err.feature = -1
+            err.what = NULL
+            if size >= NOGIL_RECORD:
+                with nogil:
+                    rc = decode_row(data, size, self.plan, self.nfeat, self.table, self.mask, self.found, row0 + r,
+                                    &err)
+            else:
+                rc = decode_row(data, size, self.plan, self.nfeat, self.table, self.mask, self.found, row0 + r, &err)
+            if rc < 0:
+                raise self._error(&err, index_base + r)
+            nbytes += size
+            r += 1
+        return r, nbytes
+
+    cdef int _bind(self, list values, list lengths, Py_ssize_t row0, Py_ssize_t nrec) except -1:
+        """Points the plan at the output arrays after checking that rows ``row0...row0+nrec`` fit."""
+        cdef Py_ssize_t i, rows
+        cdef cnp.ndarray arr
+        if len(values) != self.nfeat or len(lengths) != self.nfeat:
+            raise ValueError("decode_into needs one values and lengths entry per feature")
+        for i in range(self.nfeat):
+            arr = values[i]
+            if not cnp.PyArray_IS_C_CONTIGUOUS(arr) or not cnp.PyArray_ISWRITEABLE(arr):
+                raise ValueError(f"output for {self.names[i]!r} must be a writable C-contiguous array")
+            rows = arr.shape[0] if arr.ndim else 0
+            if row0 < 0 or nrec < 0 or row0 + nrec > rows:
+                raise ValueError(f"output for {self.names[i]!r} has {rows} rows; "
+                                 f"{nrec} records from row {row0} do not fit")
+            if cnp.PyArray_NBYTES(arr) != rows * self._row_bytes(i):
+                raise ValueError(f"output for {self.names[i]!r} has the wrong row size")
+            self.plan[i].values = <char *>cnp.PyArray_DATA(arr)
+            if self.plan[i].layout != LAYOUT_FIXED:
+                arr = lengths[i]
+                if arr.dtype != np.int32 or not cnp.PyArray_IS_C_CONTIGUOUS(arr) or arr.shape[0] < row0 + nrec:
+                    raise ValueError(f"lengths for {self.names[i]!r} must be int32 with a row per record")
+                self.plan[i].lengths = <int32_t *>cnp.PyArray_DATA(arr)
+        return 0
 
     cdef Py_ssize_t _row_bytes(self, int i):
         cdef Plan *pl = &self.plan[i]

@@ -160,19 +160,7 @@ cdef class RecordReader:
     skipped in ``skipped_regions`` and ``skipped_bytes``.
     """
 
-    cdef object source
-    cdef object _readinto
-    cdef uint8_t *buf
-    cdef Py_ssize_t cap, start, end, chunk
-    cdef int64_t buf_offset      # stream offset of buf[0]
-    cdef bint eof
-    cdef object error
-    cdef readonly str path
-    cdef readonly int64_t size
-    cdef readonly int64_t records_read
-    cdef readonly bint skip_corrupt
-    cdef readonly int64_t skipped_regions
-    cdef readonly int64_t skipped_bytes
+    # Attributes and C methods are declared in _tfrecord.pxd.
 
     def __cinit__(self, source, str path, int64_t size=-1, bint skip_corrupt=False,
                   Py_ssize_t buffer_size=8 << 20):
@@ -302,6 +290,17 @@ cdef class RecordReader:
 
     cdef object _step(self, bint want_data):
         """The next record's bytes (``want_data``) or True (skipped), or None at the end."""
+        cdef const uint8_t *data
+        cdef Py_ssize_t n
+        if not self.next_frame(want_data, &data, &n):
+            return None
+        if not want_data:
+            return True
+        return PyBytes_FromStringAndSize(<const char *>data, n)
+
+    cdef int next_frame(self, bint check_data, const uint8_t **data, Py_ssize_t *size) except -1:
+        """Finds the next record: 1 with ``data``/``size`` pointing at it inside the buffer (valid
+        until the next call), or 0 at the end. ``check_data``: verify its data CRC (else the framing only)."""
         cdef uint64_t length
         cdef Py_ssize_t avail
         cdef int64_t offset, total, left
@@ -314,19 +313,19 @@ cdef class RecordReader:
             avail = self.end - self.start
             offset = self.buf_offset + self.start
             if avail == 0:
-                return None
+                return 0
             if avail < HEADER:
                 if self._corrupt(offset, "truncated_header",
                                  f"{avail} of {HEADER} header bytes before the end of the file"):
                     continue
-                return None
+                return 0
             p = self.buf + self.start
             if not header_ok(p):
                 if self._corrupt(offset, "length_crc", f"length field reads {load_u64(p)}, CRC stored "
                                  + hex(load_u32(p + 8)) + ", computed "
                                  + hex(infeed_crc32c_mask(infeed_crc32c_extend(0, p, 8))) + self._hint()):
                     continue
-                return None
+                return 0
             length = load_u64(p)
             left = self.size - offset - HEADER - FOOTER
             if self.size >= 0 and (left < 0 or length > <uint64_t>left):
@@ -334,11 +333,11 @@ cdef class RecordReader:
                 if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
                                  f"length {length}, {total - offset - HEADER} bytes left after the header"):
                     continue
-                return None
+                return 0
             if length > (<uint64_t>1 << 62):
                 if self._corrupt(offset, "length_exceeds_file", f"length {length}"):
                     continue
-                return None
+                return 0
             self._ensure(HEADER + <Py_ssize_t>length + FOOTER)
             avail = self.end - self.start
             if avail < HEADER + <Py_ssize_t>length + FOOTER:
@@ -346,12 +345,14 @@ cdef class RecordReader:
                 if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
                                  f"length {length}, {avail - HEADER} bytes left after the header"):
                     continue
-                return None
+                return 0
             p = self.buf + self.start
-            if not want_data:
+            data[0] = p + HEADER
+            size[0] = <Py_ssize_t>length
+            if not check_data:
                 self.start += HEADER + <Py_ssize_t>length + FOOTER
                 self.records_read += 1
-                return True
+                return 1
             if length >= NOGIL_BYTES:      # below this, releasing the GIL costs more than it frees
                 with nogil:
                     want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, length))
@@ -361,11 +362,10 @@ cdef class RecordReader:
             if want != got:
                 if self._corrupt(offset, "data_crc", f"stored {hex(got)}, computed {hex(want)}"):
                     continue
-                return None
-            out = PyBytes_FromStringAndSize(<const char *>p + HEADER, <Py_ssize_t>length)
+                return 0
             self.start += HEADER + <Py_ssize_t>length + FOOTER
             self.records_read += 1
-            return out
+            return 1
 
     def read_batch(self, Py_ssize_t max_records):
         """Up to ``max_records`` records as a list (empty at the end of the stream)."""

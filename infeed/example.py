@@ -83,6 +83,22 @@ class ExampleParser:
             if start:
                 raise ValueError("start needs out")
             out = self.allocate(len(records))
+        values, lengths = self._outputs(out)
+        self._compiled.decode_into(records, values, lengths, start, index_base)
+        return out
+
+    def read_into(self, reader, n: int, out: dict, start: int = 0, index_base: int = 0) -> tuple[int, int]:
+        """Reads up to ``n`` records from ``reader`` (a :func:`infeed.read_records` reader) and
+        decodes each where it lies in the reader's buffer into rows ``start...`` of ``out``: the
+        same values as ``parse(reader.read_batch(n), out)``, without a bytes object per record.
+
+        Returns ``(records decoded, their bytes)``, fewer records only at the end of the stream.
+        """
+        values, lengths = self._outputs(out)
+        return self._compiled.decode_from(reader, n, values, lengths, start, index_base)
+
+    def _outputs(self, out: dict) -> tuple[list, list]:
+        """The value and length arrays of ``out`` in spec order, checked (once per set of arrays)."""
         values, lengths = [], []
         for name in self.spec:
             try:
@@ -105,8 +121,7 @@ class ExampleParser:
             if len(self._checked) >= _CHECKED_OUTPUTS:
                 self._checked.clear()
             self._checked[key] = [weakref.ref(a) if a is not None else _none_ref for a in arrays]
-        self._compiled.decode_into(records, values, lengths, start, index_base)
-        return out
+        return values, lengths
 
     def _check_out(self, name, values, lengths):
         f = self.spec[name]

@@ -4,7 +4,9 @@ Every worker walks the same sequence; it reads and decodes only the batches it
 owns and moves past the others as cheaply as the order allows: without record
 shuffling, by reading the framing alone (no copy, no data CRC: the owner checks
 those); with a shuffle buffer, by reading the records (the buffer needs them)
-without decoding; with an index and ``shuffle="global"``, not at all.
+without decoding; with an index and ``shuffle="global"``, not at all. Without
+shuffling, a worker decodes its own records where they lie in the reader's
+buffer, straight into the ring slot, with no bytes object in between.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from infeed.reader import read_records
 unframe = _tfrecord.unframe
 
 __all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "IndexedFiles", "epoch_paths", "epoch_order",
-           "epoch_batches", "record_offset"]
+           "epoch_batches", "exists", "record_offset"]
 
 #: Random draws fetched at a time by a shuffle buffer.
 _DRAW_BLOCK = 4096
@@ -71,13 +73,27 @@ class ShuffleBuffer:
 
 
 class PlannedBatch(NamedTuple):
-    """Batch ``index`` of an epoch: its ``count`` records (None when this worker does not
-    need them) and ``where(i)`` -> (path, record index in the file, offset or None) of record i."""
+    """Batch ``index`` of an epoch.
+
+    ``fill(parser, out) -> (records, bytes)`` decodes it into rows ``0..`` of
+    ``out`` (None when this worker does not need the batch). ``count`` is its
+    number of records, or None when the records are read as they are decoded:
+    then ``fill`` tells, and 0 records, or a partial batch with
+    ``final_batch="drop"``, means there is no such batch (the epoch ended).
+    ``where(i)`` is (path, record index in the file, offset or None) of record i.
+    """
 
     index: int
-    records: list | None
-    count: int
+    count: int | None
+    fill: Callable | None
     where: Callable[[int], tuple]
+
+
+def _parse_records(records: list) -> Callable:
+    def fill(parser, out) -> tuple[int, int]:
+        parser.parse(records, out=out)
+        return len(records), sum(map(len, records))
+    return fill
 
 
 class EpochRecords:
@@ -147,6 +163,28 @@ class EpochRecords:
             self._gap = self._stride - 1
         return out
 
+    def read_into(self, parser, n: int, out: dict, runs: list) -> tuple[int, int]:
+        """Decodes up to ``n`` records straight from the readers' buffers into rows ``0..`` of ``out``;
+        returns (records, bytes) and appends the runs of records it read to ``runs``."""
+        if self._stride != 1:
+            records = self.take(n, runs)
+            return _parse_records(records)(parser, out)
+        done = nbytes = 0
+        while done < n:
+            reader = self._current()
+            if reader is None:
+                break
+            before = reader.records_read
+            try:
+                got, size = parser.read_into(reader, n - done, out, start=done, index_base=done)
+            finally:        # a DecodeError names its record by position: where() needs this run
+                if reader.records_read > before:
+                    runs.append((self._paths[self._file], before, reader.records_read - before))
+            done, nbytes = done + got, nbytes + size
+            if done < n:
+                self._next_file()
+        return done, nbytes
+
     def skip(self, n: int) -> int:
         """Moves past up to ``n`` records by their framing alone; returns how many."""
         if n <= 0:
@@ -204,10 +242,15 @@ def epoch_batches(ds, epoch: int, first: int, owned: Callable[[int], bool],
         source.close()
 
 
+def exists(ds, count: int) -> bool:
+    """Whether a batch of ``count`` records is one (not empty, and not a partial one dropped)."""
+    return count > 0 and (count == ds.batch_size or ds.final_batch == "pad")
+
+
 def _finish(ds, index: int, records, count: int, where) -> PlannedBatch | None:
-    if count == 0 or (count < ds.batch_size and ds.final_batch == "drop"):
+    if not exists(ds, count):
         return None
-    return PlannedBatch(index, records, count, where)
+    return PlannedBatch(index, count, None if records is None else _parse_records(records), where)
 
 
 def _in_order(ds, source: EpochRecords, first: int, owned) -> Iterator[PlannedBatch]:
@@ -215,15 +258,23 @@ def _in_order(ds, source: EpochRecords, first: int, owned) -> Iterator[PlannedBa
     while True:
         if index >= first and owned(index):
             runs: list = []
-            records = source.take(size, runs)
-            planned = _finish(ds, index, records, len(records), _runs_of(runs))
+            filled: list = []
+
+            def fill(parser, out, runs=runs, filled=filled):
+                count, nbytes = source.read_into(parser, size, out, runs)
+                filled.append(count)
+                return count, nbytes
+            yield PlannedBatch(index, None, fill, _runs_of(runs))
+            if not filled:
+                raise RuntimeError(f"batch {index} was planned to be read as it is decoded, and was not filled")
+            count = filled[0]
         else:
-            planned = _finish(ds, index, None, source.skip(size), _no_origins)
-        if planned is None:
-            return
-        if index >= first:
-            yield planned
-        if planned.count < size:
+            count = source.skip(size)
+            if not exists(ds, count):
+                return
+            if index >= first:
+                yield PlannedBatch(index, count, None, _no_origins)
+        if count < size:
             return
         index += 1
 
@@ -240,7 +291,7 @@ def _buffered(ds, epoch: int, source: EpochRecords, first: int, owned) -> Iterat
         planned = _finish(ds, index, [r for r, _ in items] if keep else None, len(items),
                           _origins_of([o for _, o in items]) if keep else _no_origins)
         index += 1
-        return planned if keep or (planned is not None and planned.index >= first) else None
+        return planned if planned is not None and planned.index >= first else None
 
     while True:
         runs: list = []
@@ -322,7 +373,7 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[Plann
         for index in range(first, batches):
             chunk = order[index * size:(index + 1) * size]
             if not owned(index):
-                yield PlannedBatch(index, None, len(chunk), _no_origins)
+                yield PlannedBatch(index, len(chunk), None, _no_origins)
                 continue
             file_of = np.searchsorted(starts, chunk, side="right") - 1
             origins, records = [], []
@@ -331,7 +382,7 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[Plann
                 offset, length = int(ix.offsets[k]), int(ix.lengths[k])
                 records.append(files.read(paths[f], offset, length, k))
                 origins.append((paths[f], k, offset))
-            yield PlannedBatch(index, records, len(chunk), _origins_of(origins))
+            yield PlannedBatch(index, len(chunk), _parse_records(records), _origins_of(origins))
     finally:
         files.close()
 

@@ -26,7 +26,7 @@ import time
 from infeed.daemon import REPORTED_ERROR
 from infeed.dataset import PADDING_KEY, Dataset
 from infeed.errors import DecodeError, InfeedError
-from infeed.plan import epoch_batches, record_offset
+from infeed.plan import epoch_batches, exists, record_offset
 from infeed.ring import SLOT_END, SLOT_ERROR, Ring
 from infeed.spec import Padded
 
@@ -73,12 +73,12 @@ class Producer:
             views = self._views[(slot, step)] = self.ring.slot_arrays(slot, step)
         return views
 
-    def _fill(self, slot: int, step: int, planned) -> int:
-        """Decodes ``planned`` into step ``step`` of ``slot``; returns the bytes decoded."""
+    def _fill(self, slot: int, step: int, planned) -> tuple[int, int]:
+        """Decodes ``planned`` into step ``step`` of ``slot``, zero rows after its records and
+        the padding mask; returns (records, bytes) decoded."""
         views = self._slot_views(slot, step)
-        records, n = planned.records, planned.count
         try:
-            self.parser.parse(records, out=views)
+            n, nbytes = planned.fill(self.parser, views)
         except DecodeError as e:
             path, index, offset = planned.where(e.record_index)
             if offset is None:
@@ -92,7 +92,7 @@ class Producer:
             mask = views[PADDING_KEY]
             mask[:n] = False
             mask[n:] = True
-        return sum(map(len, records))
+        return n, nbytes
 
     # --- the sequence -----------------------------------------------------------------------
     def run(self) -> None:
@@ -113,15 +113,17 @@ class Producer:
                     unit, step = divmod(done, per_slot)
                     if unit % w == k:
                         busy = time.monotonic_ns()
-                        if step == 0:
+                        if slot is None:             # else still held for this unit (see below)
                             slot = self._acquire(unit)
                             busy = time.monotonic_ns()
-                        nbytes = self._fill(slot, step, planned)
+                        count, nbytes = self._fill(slot, step, planned)
+                        if not exists(ds, count):    # read as decoded: the epoch ended before this batch
+                            continue
                         last = step == per_slot - 1
                         if last:
                             ring.publish(slot, unit, cursor=(epoch, planned.index + 1))
                             slot = None
-                        ring.count_work(k, batches=last, records=planned.count, nbytes=nbytes,
+                        ring.count_work(k, batches=last, records=count, nbytes=nbytes,
                                         busy_ns=time.monotonic_ns() - busy)
                     done += 1
                     if time.monotonic() - self._last_check > 0.5:
@@ -136,9 +138,11 @@ class Producer:
                 if unit % w == k:
                     ring.publish(slot, unit, steps=step, cursor=(epoch, 0))
                     ring.count_work(k, batches=1)
+                    slot = None
                 unit += 1
             if unit % w == k:
-                ring.publish(self._acquire(unit), unit, flags=SLOT_END, steps=0, cursor=(epoch, 0))
+                ring.publish(self._acquire(unit) if slot is None else slot, unit, flags=SLOT_END, steps=0,
+                             cursor=(epoch, 0))
         except (Stopped, KeyboardInterrupt):
             raise
         except Exception as error:
