@@ -35,17 +35,8 @@ cdef extern from "<semaphore.h>" nogil:
     int sem_clockwait(sem_t *sem, clockid_t clk, const timespec *abstime)
     int sem_getvalue(sem_t *sem, int *sval)
 
-cdef extern from *:
-    """
-    static inline void infeed_cpu_relax(void) {
-    #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-    #elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
-    #endif
-    }
-    """
-    void infeed_cpu_relax() nogil
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
 
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
@@ -140,7 +131,8 @@ cdef class Mapping:
         ``spin``: seconds to poll before sleeping. A post that finds no sleeper
         costs the poster no system call (in a virtual machine, waking a sleeper
         on another CPU costs tens of microseconds), so a consumer that expects
-        its batch soon spins briefly. An interrupting signal returns to Python
+        its batch soon polls briefly, yielding its CPU between polls in case
+        the producer is waiting for it. An interrupting signal returns to Python
         (so its handler runs) and the wait goes on until the deadline.
         """
         cdef sem_t *sem = self._sem(offset)
@@ -160,8 +152,7 @@ cdef class Mapping:
                     clock_gettime(CLOCK_MONOTONIC, &now)
                     if now.tv_sec * 1000000000LL + now.tv_nsec - start_ns >= spin_ns:
                         break
-                    for err in range(64):
-                        infeed_cpu_relax()
+                    sched_yield()      # the producer may be waiting for this very CPU
             if rc:
                 return True
         clock_gettime(CLOCK_MONOTONIC, &deadline)
