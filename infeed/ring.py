@@ -588,7 +588,10 @@ class Ring:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = CHECK_INTERVAL if deadline is None else min(CHECK_INTERVAL, deadline - time.monotonic())
-            if self._map.sem_wait(sem, max(left, 0.0)):
+            mapping = self._map
+            if mapping is None:             # closed by another thread while this one waited
+                raise InfeedError(f"ring {self.name} was closed while waiting for {what}")
+            if mapping.sem_wait(sem, max(left, 0.0)):
                 return
             if check is not None:
                 check()

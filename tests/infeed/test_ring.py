@@ -474,3 +474,23 @@ def test_without_a_cuda_driver_pinning_is_a_quiet_no(monkeypatch):
     assert pinning.cuda_runtime() is None and pinning.register(0, 4096) is False
     with Ring.create({"x": ((4,), np.float32)}, slots=1, lock_memory=False) as ring:
         assert ring.pin() is False
+
+
+def test_closing_the_ring_wakes_a_thread_waiting_on_it_with_an_error():
+    import threading
+
+    ring = Ring.create({"x": ((4,), np.float32)}, slots=1, lock_memory=False)
+    caught = []
+
+    def wait():
+        try:
+            ring.acquire_filled(0, timeout=10, check=lambda: None)
+        except Exception as e:          # noqa: BLE001 - the test inspects it
+            caught.append(e)
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    ring.close()
+    waiter.join(5)
+    assert not waiter.is_alive()
+    assert isinstance(caught[0], infeed.InfeedError) and "closed while waiting" in str(caught[0])
