@@ -1,0 +1,268 @@
+"""One compiled XLA program that runs many steps: ``jax.jit`` over ``lax.scan``, on a mesh.
+
+>>> import jax.numpy as jnp, numpy as np
+>>> def step(total, batch):
+...     total = total + batch["x"].sum()
+...     return total, {"mean": batch["x"].mean()}
+>>> loop = compile_loop(step, iterations=4, mesh=make_mesh({"data": 1}, jax.devices()[:1]))
+>>> total, out = loop(jnp.zeros(()), {"x": np.ones((4, 2, 3), np.float32)})
+>>> float(total), out["mean"].shape
+(24.0, (4,))
+
+``step(state, batch) -> (state, outputs)`` is any pure JAX function of one
+step's batch; the loop takes the batches of ``iterations`` steps stacked
+``[K, B, ...]`` (an infeed ring slot with ``steps_per_slot=K`` is exactly that)
+and returns the last state and every step's outputs stacked ``[K, ...]``, for
+host functions to read after the loop (the cheap way to get metrics out;
+:func:`xla_runtime.host_call` is the way to do something on the host *during*
+the loop). A host call that raised is reported as
+:class:`~xla_runtime.HostCallError` by the next call of the loop (by this one
+when it waits for its results anyway: its first call, or with ``check_finite``).
+
+With several processes (``jax.distributed``), the mesh spans every process's
+devices and each process passes its own part of the batches (what its
+infeed daemon produced): they become global arrays through
+``jax.make_array_from_process_local_data``.
+
+Shardings are explicit: the state's (``state_sharding``: replicated by
+default, or one PartitionSpec, a rule list, or a pytree of specs; see
+:func:`xla_runtime.mesh.state_shardings`) and one step's batch's
+(``batch_sharding``, default ``P("data")``: split the batch dimension over the
+``data`` axis), to which the loop adds the unsplit step dimension. Outputs are
+left to XLA's sharding propagation. The state is donated: its buffers are
+reused for the new state, and the arrays passed in are deleted.
+
+There is no cross-replica optimizer to wrap: under ``jit`` with the batch split
+over ``data``, the gradient of a mean loss over the batch is already the
+all-reduced mean over every shard, as TPUEstimator's CrossShardOptimizer
+computed by hand. Steps that need explicit collectives run their body under
+``jax.shard_map`` and use :func:`xla_runtime.cross_replica_mean`.
+
+Compiled programs are cached by the shapes, dtypes and structure of state and
+batches, and by the number of steps: a final partial loop (fewer steps left)
+compiles once for its size and is reused, never once per call.
+:func:`enable_compilation_cache` adds JAX's persistent cache on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from xla_runtime.context import in_loop
+from xla_runtime.host_calls import raise_host_call_error
+from xla_runtime.mesh import check_divisible, make_mesh, named, replicated, state_shardings
+
+__all__ = ["compile_loop", "CompiledLoop", "enable_compilation_cache"]
+
+_log = logging.getLogger("xla_runtime")
+
+
+def enable_compilation_cache(directory: str) -> None:
+    """Keeps every compiled program in ``directory`` too (JAX's persistent compilation cache),
+    so a restarted job skips compilation."""
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _signature(tree) -> tuple:
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(np.shape(x)), np.dtype(getattr(x, "dtype", np.asarray(x).dtype)).str)
+                          for x in leaves)
+
+
+def _describe_change(kind: str, before, after) -> str:
+    """Names the first leaf whose shape or dtype changed, or says the structure changed."""
+    (tree0, leaves0), (tree1, leaves1) = before, after
+    if tree0 != tree1:
+        return f"the {kind}'s structure changed between calls: was {tree0}, now {tree1}"
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+        jax.tree_util.tree_unflatten(tree1, [0] * len(leaves1)))[0]]
+    for path, a, b in zip(paths, leaves0, leaves1):
+        if a != b:
+            return (f"{kind} leaf {path or '(root)'} changed between calls: shape {a[0]} dtype {a[1]} "
+                    f"became shape {b[0]} dtype {b[1]}")
+    return f"the {kind} changed between calls"
+
+
+class CompiledLoop:
+    """A step function compiled into loops of ``iterations`` steps (see the module docstring)."""
+
+    def __init__(self, step: Callable, iterations: int, mesh: Mesh, state_sharding=None,
+                 batch_sharding=P("data"), donate_state: bool = True, check_finite: bool = False, unroll: int = 1):
+        if not callable(step):
+            raise TypeError(f"step must be a function (state, batch) -> (state, outputs), got {step!r}")
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+            raise ValueError(f"iterations must be a positive int, got {iterations!r}")
+        self.step_fn, self.iterations, self.mesh = step, iterations, mesh
+        self.donate_state, self.check_finite, self.unroll = donate_state, check_finite, unroll
+        self._state_spec, self._batch_spec = state_sharding, batch_sharding
+        self._compiled: dict = {}
+        self._last = None
+        self._state_signature = None
+        #: Global index of the next step to run (host calls see it through ``current_step()``).
+        self.steps_run = 0
+        #: Seconds spent compiling, per compiled program.
+        self.compile_seconds: list[float] = []
+        #: Seconds from the first call to its results being ready (compilation included), once known.
+        self.time_to_first_step: float | None = None
+
+    # --- the program ------------------------------------------------------------------------
+    def _run(self, state, batches, first_step):
+        step = self.step_fn
+
+        def body(carry, batch):
+            state, i = carry
+            with in_loop(first_step + i):
+                state, outputs = step(state, batch)
+            return (state, i + 1), outputs
+
+        (state, _), outputs = jax.lax.scan(body, (state, jnp.int32(0)), batches, unroll=self.unroll)
+        finite = None
+        if self.check_finite:
+            finite = jax.tree.map(
+                lambda x: jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim))) if jnp.issubdtype(x.dtype, jnp.inexact)
+                else jnp.ones(x.shape[:1], bool), outputs)
+        return state, outputs, finite
+
+    def _batch_shardings(self, batches):
+        spec = self._batch_spec
+
+        def stacked(s):
+            s = named(self.mesh, s).spec
+            return NamedSharding(self.mesh, P(None, *s))
+        if spec is None or isinstance(spec, (P, NamedSharding)):
+            sharding = stacked(spec)
+            return jax.tree.map(lambda _: sharding, batches)
+        return jax.tree.map(lambda s, leaf: jax.tree.map(lambda _: stacked(s), leaf), spec, batches,
+                            is_leaf=lambda x: x is None or isinstance(x, (P, NamedSharding)))
+
+    def _shardings(self, state, batches):
+        state_sh = state_shardings(state, self.mesh, self._state_spec)
+        batch_sh = self._batch_shardings(batches)
+        if jax.process_count() == 1:          # with several processes, batches are each host's part
+            for kind, tree, shardings in (("batch", batches, batch_sh), ("state", state, state_sh)):
+                for (path, leaf), sharding in zip(jax.tree_util.tree_flatten_with_path(tree)[0],
+                                                  jax.tree.leaves(shardings)):
+                    check_divisible(f"{kind} leaf {jax.tree_util.keystr(path) or '(root)'}", np.shape(leaf), sharding)
+        return state_sh, batch_sh
+
+    def _compile(self, state, batches, state_sh, batch_sh, steps: int):
+        rep = replicated(self.mesh)
+        fn = jax.jit(self._run, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, None, rep),
+                     donate_argnums=(0,) if self.donate_state else ())
+        began = time.perf_counter()
+        compiled = fn.lower(state, batches, jnp.int32(0)).compile()
+        seconds = time.perf_counter() - began
+        self.compile_seconds.append(seconds)
+        _log.info("compiled a loop of %d steps in %.2f s", steps, seconds)
+        return compiled
+
+    # --- calling ----------------------------------------------------------------------------
+    def __call__(self, state, batches, *, first_step: int | None = None):
+        """Runs one loop: ``batches`` stacked ``[K, B, ...]`` with K <= ``iterations`` (a shorter,
+        final loop compiles once for its size). Returns ``(state, outputs stacked [K, ...])``."""
+        leaves = jax.tree.leaves(batches)
+        if not leaves:
+            raise ValueError("batches is empty: the loop needs at least one array")
+        steps = int(np.shape(leaves[0])[0]) if np.ndim(leaves[0]) else 0
+        for path, leaf in jax.tree_util.tree_flatten_with_path(batches)[0]:
+            if np.ndim(leaf) == 0 or np.shape(leaf)[0] != steps:
+                raise ValueError(f"batch leaf {jax.tree_util.keystr(path)} has shape {np.shape(leaf)}: every leaf "
+                                 f"must stack the same number of steps first (the first leaf has {steps})")
+        if not 1 <= steps <= self.iterations:
+            raise ValueError(f"batches stack {steps} steps; this loop runs 1 to {self.iterations}")
+        raise_host_call_error()             # a host call of an earlier loop failed
+        signature = _signature(state)
+        if self._state_signature is None:
+            self._state_signature = signature
+        elif signature != self._state_signature:
+            raise ValueError(_describe_change("state", self._state_signature, signature))
+        key = (signature, _signature(batches), steps)
+        entry = self._compiled.get(key)
+        first_call = self.time_to_first_step is None
+        began = time.perf_counter()
+        state_sh, batch_sh = self._shardings(state, batches) if entry is None else entry[1:]
+        state = jax.tree.map(lambda x, s: _placed(x, s, local=False), state, state_sh)
+        batches = jax.tree.map(lambda x, s: _placed(x, s, local=True), batches, batch_sh)
+        if entry is None:
+            entry = self._compiled[key] = (self._compile(state, batches, state_sh, batch_sh, steps), state_sh, batch_sh)
+        compiled = self._last = entry[0]
+        start = self.steps_run if first_step is None else first_step
+        state, outputs, finite = compiled(state, batches, jnp.int32(start))
+        self.steps_run = start + steps
+        if first_call:
+            jax.block_until_ready(state)
+            self.time_to_first_step = time.perf_counter() - began
+            _log.info("first loop of %d steps done %.2f s after the call", steps, self.time_to_first_step)
+        if finite is not None:
+            _raise_if_not_finite(finite, outputs, start)
+        if first_call or finite is not None:     # results are ready: host calls of this loop have run
+            raise_host_call_error()
+        return state, outputs
+
+    # --- inspection -------------------------------------------------------------------------
+    @property
+    def compilations(self) -> int:
+        """How many programs this loop has compiled (one per distinct shapes and step count)."""
+        return len(self._compiled)
+
+    def _executable(self):
+        if self._last is None:
+            raise RuntimeError("the loop has not been compiled yet: call it once first")
+        return self._last
+
+    def cost_analysis(self):
+        """XLA's cost analysis (flops, bytes accessed) of the last program run."""
+        return self._executable().cost_analysis()
+
+    def memory_analysis(self):
+        """XLA's memory analysis (argument, output, temporary bytes) of the last program run."""
+        return self._executable().memory_analysis()
+
+    def as_text(self) -> str:
+        """The optimised HLO of the last program run."""
+        return self._executable().as_text()
+
+
+def _placed(x, sharding: NamedSharding, local: bool):
+    """``x`` on ``sharding``: untouched when it already is, else transferred (numpy) or resharded.
+
+    With several processes, a host array is this process's part of the global
+    array when ``local`` (a batch from this host's input), else the whole array,
+    the same on every process (an initial state).
+    """
+    if isinstance(x, jax.Array):
+        return x if x.sharding.is_equivalent_to(sharding, x.ndim) else jax.device_put(x, sharding)
+    if jax.process_count() > 1:
+        x = np.asarray(x)
+        if local:
+            return jax.make_array_from_process_local_data(sharding, x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+    return jax.device_put(x, sharding)
+
+
+def _raise_if_not_finite(finite, outputs, start: int) -> None:
+    flags = jax.device_get(finite)
+    for (path, ok), leaf in zip(jax.tree_util.tree_flatten_with_path(flags)[0], jax.tree.leaves(outputs)):
+        bad = np.flatnonzero(~np.asarray(ok))
+        if bad.size:
+            raise FloatingPointError(f"output {jax.tree_util.keystr(path) or '(root)'} (shape {leaf.shape[1:]} per "
+                                     f"step) is not finite at step {start + int(bad[0])} "
+                                     f"({bad.size} of {len(ok)} steps of this loop)")
+
+
+def compile_loop(step: Callable, iterations: int, mesh: Mesh | None = None, *, state_sharding=None,
+                 batch_sharding=P("data"), donate_state: bool = True, check_finite: bool = False,
+                 unroll: int = 1) -> CompiledLoop:
+    """``step`` compiled into loops of ``iterations`` steps over ``mesh`` (default: every device
+    on a ``data`` axis). See the module docstring; ``unroll`` is ``lax.scan``'s."""
+    return CompiledLoop(step, iterations, make_mesh({"data": -1}) if mesh is None else mesh, state_sharding,
+                        batch_sharding, donate_state, check_finite, unroll)
