@@ -30,10 +30,15 @@ setup(
         "jaxlib==0.10.2",
         "numpy>=2.0,<3",
         "pyarrow>=16,<27",
+        "optax==0.2.8",
+        "orbax-checkpoint==0.12.8",
+        "tqdm>=4.66,<5",
     ],
     extras_require={
         # protobuf only cross-checks the tests' reference decoder; infeed never imports it.
-        "dev": ["pytest>=8,<10", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7", "protobuf>=5,<8"],
+        # tensorboard reads back the event files in tests; scikit-learn ships the digits of `make demo`.
+        "dev": ["pytest>=8,<10", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7", "protobuf>=5,<8",
+                "tensorboard==2.21.0", "scikit-learn==1.9.1"],
         "bench": ["matplotlib>=3.8,<4"],
         "tf": ["tensorflow-cpu==2.21.0"],
         "fuzz": ["atheris>=2.3,<4"],
