@@ -64,14 +64,17 @@ class Dataset:
 
     ``files``: a path, glob pattern or URI (``gs://``, ``s3://``, ``hdfs://``, any
     ``pyarrow.fs`` scheme), or a list of them; matched once, when the dataset is made.
-    ``features``: ``{name: FixedLen | VarLen | Bytes}``.
+    ``features``: ``{name: FixedLen | VarLen | Bytes}``. ``labels``: the names of
+    the features that are labels (for the estimator, which hands them to
+    ``model_fn`` apart); they are decoded like any feature.
     """
 
     def __init__(self, files: str | os.PathLike | Sequence, features: Mapping, batch_size: int, *,
                  shuffle_files: bool = False, shuffle_buffer: int = 0, shuffle: str = "buffer",
                  seed: int = 0, num_epochs: int | None = 1, final_batch: str = "drop",
                  shard_index: int = 0, num_shards: int = 1, steps_per_slot: int = 1,
-                 compression: str | None = "auto", skip_corrupt: bool = False):
+                 compression: str | None = "auto", skip_corrupt: bool = False,
+                 labels: str | Sequence[str] | None = None):
         self.paths = tuple(files) if isinstance(files, _Matched) else tuple(expand_files(files))
         self.features = dict(features)
         self.parser = ExampleParser(self.features)          # checks the spec
@@ -99,6 +102,11 @@ class Dataset:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         self.compression = compression
         self.skip_corrupt = bool(skip_corrupt)
+        names = [labels] if isinstance(labels, str) else list(labels or ())
+        missing = [n for n in names if n not in self.features]
+        if missing:
+            raise ValueError(f"labels {missing} are not features of the spec ({sorted(self.features)})")
+        self.labels = tuple(names)
 
     # --- derived ------------------------------------------------------------------------------
     @property
@@ -149,7 +157,7 @@ class Dataset:
     def fingerprint(self) -> str:
         """A digest of everything that fixes the batch sequence except the seed (checked on resume)."""
         doc = self.to_json()
-        del doc["seed"], doc["num_epochs"], doc["steps_per_slot"]
+        del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"]
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     # --- JSON ---------------------------------------------------------------------------------
@@ -161,7 +169,7 @@ class Dataset:
                 "num_epochs": self.num_epochs, "final_batch": self.final_batch,
                 "shard_index": self.shard_index, "num_shards": self.num_shards,
                 "steps_per_slot": self.steps_per_slot, "compression": self.compression,
-                "skip_corrupt": self.skip_corrupt}
+                "skip_corrupt": self.skip_corrupt, "labels": list(self.labels)}
 
     @classmethod
     def from_json(cls, doc: Mapping, *, matched: bool = False) -> "Dataset":
@@ -182,6 +190,10 @@ class Dataset:
             return cls(files, spec_from_json(features), batch_size, **fields)
         except TypeError as e:
             raise ValueError(f"dataset config: {e}") from None
+
+    def replace(self, **changes) -> "Dataset":
+        """A copy with some settings changed (the files are not matched again)."""
+        return Dataset.from_json({**self.to_json(), **changes}, matched=True)
 
     def __repr__(self) -> str:
         return (f"Dataset({len(self.paths)} files, batch_size={self.batch_size}, "

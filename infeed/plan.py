@@ -222,24 +222,27 @@ def _no_origins(i: int) -> tuple:
 
 
 def epoch_batches(ds, epoch: int, first: int, owned: Callable[[int], bool],
-                  indexes: dict | None = None) -> Iterator[PlannedBatch]:
+                  indexes: dict | None = None, sizes: list | None = None) -> Iterator[PlannedBatch]:
     """The batches of epoch ``epoch`` from batch ``first`` on; records only for ``owned(index)`` ones.
 
     Batches before ``first`` are passed over (read only as far as the order
     needs). ``indexes`` (path -> :class:`~infeed.index.RecordIndex` for every
-    file) reads records by their offsets instead, in the same order.
+    file) reads records by their offsets instead, in the same order. The
+    epoch's number of batches is appended to ``sizes`` once it is known (at the end).
     """
     if indexes is not None:
-        yield from _indexed(ds, epoch, first, owned, indexes)
-        return
-    source = EpochRecords(ds, epoch)
-    try:
-        if ds.shuffle_buffer > 1:
-            yield from _buffered(ds, epoch, source, first, owned)
-        else:
-            yield from _in_order(ds, source, first, owned)
-    finally:
-        source.close()
+        batches = yield from _indexed(ds, epoch, first, owned, indexes)
+    else:
+        source = EpochRecords(ds, epoch)
+        try:
+            if ds.shuffle_buffer > 1:
+                batches = yield from _buffered(ds, epoch, source, first, owned)
+            else:
+                batches = yield from _in_order(ds, source, first, owned)
+        finally:
+            source.close()
+    if sizes is not None:
+        sizes.append(batches)
 
 
 def exists(ds, count: int) -> bool:
@@ -270,12 +273,10 @@ def _in_order(ds, source: EpochRecords, first: int, owned) -> Iterator[PlannedBa
             count = filled[0]
         else:
             count = source.skip(size)
-            if not exists(ds, count):
-                return
-            if index >= first:
+            if exists(ds, count) and index >= first:
                 yield PlannedBatch(index, count, None, _no_origins)
         if count < size:
-            return
+            return index + exists(ds, count)
         index += 1
 
 
@@ -290,13 +291,13 @@ def _buffered(ds, epoch: int, source: EpochRecords, first: int, owned) -> Iterat
         keep = index >= first and owned(index)
         planned = _finish(ds, index, [r for r, _ in items] if keep else None, len(items),
                           _origins_of([o for _, o in items]) if keep else _no_origins)
-        index += 1
+        index += planned is not None
         return planned if planned is not None and planned.index >= first else None
 
     while True:
         runs: list = []
         records = source.take(chunk, runs)
-        origins = [(path, first + i, None) for path, first, count in runs for i in range(count)]
+        origins = [(path, start + i, None) for path, start, count in runs for i in range(count)]
         for item in zip(records, origins):
             out = buffer.push(item)
             if out is not None:
@@ -319,6 +320,7 @@ def _buffered(ds, epoch: int, source: EpochRecords, first: int, owned) -> Iterat
         planned = batch(pending)
         if planned is not None:
             yield planned
+    return index
 
 
 def epoch_order(ds, epoch: int, counts: list[int]) -> np.ndarray:
@@ -385,6 +387,7 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[Plann
             yield PlannedBatch(index, len(chunk), _parse_records(records), _origins_of(origins))
     finally:
         files.close()
+    return batches
 
 
 def record_offset(ds, path: str, record_index: int) -> int:

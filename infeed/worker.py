@@ -104,12 +104,13 @@ class Producer:
         try:
             indexes = ds.indexes()
             while ds.num_epochs is None or epoch < ds.num_epochs:
-                base, before = done - first, done
+                base = done - first
 
                 def owned(index, base=base):
                     return ((base + index) // per_slot) % w == k
 
-                for planned in epoch_batches(ds, epoch, first, owned, indexes):
+                sizes: list = []
+                for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes):
                     unit, step = divmod(done, per_slot)
                     if unit % w == k:
                         busy = time.monotonic_ns()
@@ -129,10 +130,12 @@ class Producer:
                     if time.monotonic() - self._last_check > 0.5:
                         self._last_check = time.monotonic()
                         self._check()
-                if done == before and first == 0:
+                if sizes[0] == 0:
                     raise InfeedError(f"epoch {epoch} has no batch: fewer than batch_size={ds.batch_size} "
                                       f"records in {len(ds.shard_paths())} files with final_batch='drop'")
-                epoch, first = epoch + 1, 0
+                # A start past this epoch's end goes on into the next: (epoch, batch) counts batches from
+                # the start of `epoch`, so a position n batches after any other is (epoch, batch + n).
+                epoch, first = epoch + 1, max(first - sizes[0], 0)
             unit, step = divmod(done, per_slot)
             if step:
                 if unit % w == k:

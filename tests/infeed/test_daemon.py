@@ -388,3 +388,14 @@ def test_global_shuffle_without_an_index_or_with_a_stale_one_is_refused(files, i
     with Daemon(Dataset(indexed, SPEC, batch_size=10), num_workers=1, lock_memory=False, timeout=60) as feed:
         with pytest.raises(infeed.errors.IndexFileError):
             next(feed)
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 20])
+def test_a_position_past_an_epochs_end_goes_on_into_the_next_epoch(files, shuffle_buffer):
+    """(epoch, batch + n) is the position n batches after (epoch, batch), across epoch ends too."""
+    ds = Dataset(files, SPEC, batch_size=9, shuffle_buffer=shuffle_buffer, shuffle_files=True, num_epochs=3, seed=2)
+    full = ids_of(collect(ds, num_workers=2))                       # 11 batches an epoch
+    with Daemon(ds, num_workers=1, lock_memory=False) as feed:
+        state = feed.state()
+    assert ids_of(collect(ds, num_workers=2, state=dict(state, batch=15))) == full[15:]
+    assert ids_of(collect(ds, num_workers=1, state=dict(state, epoch=1, batch=30))) == []
