@@ -1,0 +1,127 @@
+"""Progress logs like TPUEstimator's, and a progress bar on a terminal.
+
+:class:`StepLogger` is told the global step after each compiled loop (many
+steps at a time) and, every ``every_steps`` steps, logs what TensorFlow's
+LoggingTensorHook and StepCounterHook logged::
+
+    loss = 0.123, step = 1200 (1.172 sec)
+    global_step/sec: 85.3
+    examples/sec: 10918.4
+
+The rates cover the steps since the previous log line; the first log line has
+none, so that compilation is never counted (as StepCounterHook's first
+trigger). :meth:`StepLogger.update` returns the rates, for the estimator to
+write as summaries too.
+
+>>> import logging, sys
+>>> logger = logging.getLogger("estimator.example")
+>>> logger.addHandler(logging.StreamHandler(sys.stdout)); logger.setLevel(logging.INFO)
+>>> ticks = iter([0.0, 2.0, 4.0])
+>>> log = StepLogger(every_steps=100, examples_per_step=128, logger=logger, bar=False, clock=lambda: next(ticks))
+>>> log.update(100, loss=0.5)
+loss = 0.5, step = 100
+{}
+>>> log.update(200, loss=0.25)
+loss = 0.25, step = 200 (2.000 sec)
+global_step/sec: 50
+examples/sec: 6400
+{'global_step/sec': 50.0, 'examples/sec': 6400.0}
+>>> log.update(250, loss=0.2)                  # no multiple of 100 crossed: nothing logged
+{}
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Self
+
+import tqdm
+
+__all__ = ["StepLogger"]
+
+_LOGGER = logging.getLogger("estimator")
+
+
+class StepLogger:
+    """Logs loss and rates every ``every_steps`` steps, and drives an optional tqdm bar.
+
+    ``total_steps`` is the step the work ends at (the bar's total; None when
+    unknown) and ``initial_step`` the step it starts from (a resumed run starts
+    past 0). A log line is written at the first update that reaches each
+    multiple of ``every_steps``. ``bar``: True shows a tqdm bar (written to
+    ``bar_file``, default stderr), False never, None when stderr is a
+    terminal. ``clock`` (seconds, monotonic) is injectable for tests.
+    """
+
+    def __init__(self, total_steps: int | None = None, every_steps: int = 100, examples_per_step: int | None = None,
+                 logger: logging.Logger = _LOGGER, bar: bool | None = None, *,
+                 initial_step: int = 0, desc: str | None = None, bar_file=None,
+                 clock: Callable[[], float] = time.monotonic):
+        if not (isinstance(every_steps, int) and every_steps >= 1):
+            raise ValueError(f"every_steps must be a positive int, got {every_steps!r}")
+        self.every_steps = every_steps
+        self.examples_per_step = examples_per_step
+        self.logger = logger
+        self._clock = clock
+        self._step = initial_step
+        self._logged_multiple = initial_step // every_steps
+        self._last_log: tuple[int, float] | None = None              # (step, time) of the last log line
+        if bar is None:
+            bar = sys.stderr.isatty()
+        self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, desc=desc, unit="step",
+                              file=bar_file, dynamic_ncols=True) if bar else None
+
+    @property
+    def has_bar(self) -> bool:
+        """Whether a progress bar is shown (until :meth:`close`)."""
+        return self._bar is not None
+
+    def update(self, step: int, loss=None, extra: Mapping[str, object] | None = None) -> dict[str, float]:
+        """Records that the work reached ``step``; logs when it crossed a multiple of ``every_steps``.
+
+        ``loss`` and the scalars in ``extra`` (numbers or numpy/JAX scalars)
+        appear in the log line. Returns ``{"global_step/sec": ...}`` (and
+        ``"examples/sec"`` when ``examples_per_step`` is known) when this
+        update logged rates, else ``{}``.
+        """
+        step = int(step)
+        if self._bar is not None:
+            self._bar.update(step - self._step)
+            if loss is not None:
+                self._bar.set_postfix(loss=f"{float(loss):.4g}", refresh=False)
+        self._step = step
+        if step // self.every_steps <= self._logged_multiple:
+            return {}
+        self._logged_multiple = step // self.every_steps
+        now = self._clock()
+        tensors = {"loss": loss} if loss is not None else {}
+        tensors.update(extra or {})
+        if tensors:
+            line = ", ".join(f"{name} = {float(value):g}" for name, value in tensors.items()) + f", step = {step}"
+            if self._last_log is not None:
+                line += f" ({now - self._last_log[1]:.3f} sec)"
+            self.logger.info("%s", line)
+        rates = {}
+        if self._last_log is not None and now > self._last_log[1]:
+            rates["global_step/sec"] = (step - self._last_log[0]) / (now - self._last_log[1])
+            if self.examples_per_step is not None:
+                rates["examples/sec"] = rates["global_step/sec"] * self.examples_per_step
+            for name, rate in rates.items():
+                self.logger.info("%s: %g", name, rate)
+        self._last_log = (step, now)
+        return rates
+
+    def close(self) -> None:
+        """Closes the bar, if any; closing again does nothing."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
