@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python -m bench decode infeed
+	$(BIN)/python -m bench decode infeed loop
 
 fuzz: $(STAMP)
 	$(BIN)/python -m pip install -q 'atheris>=2.3,<4'

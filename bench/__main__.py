@@ -5,6 +5,8 @@ examples (from the repository root):
   python -m bench decode --quick      # ~20 seconds: fewer records and runs
   python -m bench infeed              # the decoding daemon, ~1 minute on 2 cores
   python -m bench infeed --workers 1,2,4 --layouts mnist
+  python -m bench loop                # compiled loops: steps/s on 1 and 8 CPU devices, ~3 minutes on 2 cores
+  python -m bench loop --quick --devices 1 --models tiny
   python -m bench all --json out.json
 """
 
@@ -14,7 +16,7 @@ import argparse
 import shlex
 import sys
 
-from bench import decode, harness, infeed_suite
+from bench import decode, harness, infeed_suite, loop_suite
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
@@ -24,17 +26,24 @@ SUITES = {
     "infeed": lambda args: infeed_suite.run(
         args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, scale=args.scale, quick=args.quick,
         repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
+    "loop": lambda args: loop_suite.run(
+        args.devices, models=args.models or loop_suite.MODELS, quick=args.quick, repeats=args.repeats),
 }
 
 
-def _workers(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated worker counts, got {text!r}") from None
-    if not out or any(w < 1 for w in out):
-        raise argparse.ArgumentTypeError(f"worker counts must be positive, got {text!r}")
-    return out
+def _counts(what: str):
+    def parse(text: str) -> list[int]:
+        try:
+            out = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what} counts, got {text!r}") from None
+        if not out or any(w < 1 for w in out):
+            raise argparse.ArgumentTypeError(f"{what} counts must be positive, got {text!r}")
+        return out
+    return parse
+
+
+_workers = _counts("worker")
 
 
 def parse_args(argv):
@@ -44,13 +53,18 @@ def parse_args(argv):
     p.add_argument("suites", nargs="+", choices=[*SUITES, "all"], metavar="SUITE",
                    help=f"one or more of: {', '.join(SUITES)}, all")
     p.add_argument("--quick", action="store_true", help="fewer records and runs (~20 s a suite)")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 7, --quick 3)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per case (default 7, --quick 3; loop: 5, --quick 1)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiplies every dataset's record count (default 1; 0.01 for a smoke run)")
     p.add_argument("--layouts", type=lambda s: [x for x in s.split(",") if x], default=None,
                    help="comma-separated layouts (default: all of mnist,criteo,imagenet)")
     p.add_argument("--workers", type=_workers, default=list(infeed_suite.WORKERS),
                    help="infeed: comma-separated daemon worker counts (default: 1,2)")
+    p.add_argument("--devices", type=_counts("device"), default=list(loop_suite.DEVICES),
+                   help="loop: comma-separated CPU device counts, one process each (default: 1,8)")
+    p.add_argument("--models", type=lambda s: [x for x in s.split(",") if x], default=None,
+                   help="loop: comma-separated models (default: all of mlp,tiny)")
     p.add_argument("--json", metavar="PATH", help="also write the figures and machine facts as JSON")
     p.add_argument("--data-dir", metavar="DIR",
                    help="write (and reuse) the datasets here instead of a temporary directory")
@@ -64,6 +78,9 @@ def parse_args(argv):
     unknown = sorted(set(args.layouts or ()) - set(decode.datasets.LAYOUTS))
     if unknown:
         p.error(f"unknown layouts {unknown}; known: {', '.join(decode.datasets.LAYOUTS)}")
+    unknown = sorted(set(args.models or ()) - set(loop_suite.MODELS))
+    if unknown:
+        p.error(f"unknown models {unknown}; known: {', '.join(loop_suite.MODELS)}")
     if not args.scale > 0:
         p.error(f"--scale must be positive, got {args.scale}")
     return args
