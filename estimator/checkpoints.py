@@ -140,6 +140,11 @@ class Checkpoints:
         saved = self._manager.item_metadata(step)["state"].tree
         return self._restore(step, jax.tree.map(lambda leaf: np.empty(leaf.shape, leaf.dtype), saved))
 
+    def extras(self, step: int | None = None) -> dict:
+        """The JSON ``extras`` of checkpoint ``step`` (the latest by default), without reading the state."""
+        step = self._existing_step(step)
+        return self._manager.restore(step, args=ocp.args.Composite(extras=ocp.args.JsonRestore()))["extras"]
+
     def close(self) -> None:
         """Waits for saves in flight and releases orbax's threads."""
         self._manager.close()

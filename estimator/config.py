@@ -1,0 +1,73 @@
+"""``RunConfig``: where and how an Estimator runs, every field checked when it is made."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["RunConfig"]
+
+
+def _positive(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"RunConfig.{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """As TPUEstimator's RunConfig + TPUConfig, for JAX.
+
+    model_dir: checkpoints, TensorBoard events and the exported models go here.
+    iterations_per_loop: training steps per compiled loop (one host round trip).
+    mesh_shape: device mesh axes, e.g. ``{"data": -1}`` or ``{"data": -1, "model": 2}``.
+    save_checkpoints_steps / save_checkpoints_secs: checkpoint cadence (at most one of
+        them; neither: every 1,000 steps); checkpoints are taken at loop ends.
+    keep_checkpoint_max: checkpoints kept (None: all).
+    save_summary_steps / log_step_count_steps: summaries and log lines cadence.
+    seed: the PRNG seed of initialisation and of the train state's key.
+    infeed_workers / infeed_slots: the decoding daemon's processes and ring slots.
+    distributed: call ``jax.distributed.initialize()`` (multi-host; its settings from the environment).
+    """
+
+    model_dir: str
+    iterations_per_loop: int = 100
+    mesh_shape: dict = field(default_factory=lambda: {"data": -1})
+    save_checkpoints_steps: int | None = None
+    save_checkpoints_secs: float | None = None
+    keep_checkpoint_max: int | None = 5
+    save_summary_steps: int = 100
+    log_step_count_steps: int = 100
+    seed: int = 0
+    infeed_workers: int = 2
+    infeed_slots: int = 4
+    distributed: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.model_dir, (str, os.PathLike)) or not os.fspath(self.model_dir):
+            raise ValueError(f"RunConfig.model_dir must be a directory path, got {self.model_dir!r}")
+        object.__setattr__(self, "model_dir", os.fspath(self.model_dir))
+        for name in ("iterations_per_loop", "save_summary_steps", "log_step_count_steps", "infeed_workers",
+                     "infeed_slots"):
+            _positive(name, getattr(self, name))
+        _positive("save_checkpoints_steps", self.save_checkpoints_steps, allow_none=True)
+        _positive("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=True)
+        if self.save_checkpoints_secs is not None and not self.save_checkpoints_secs > 0:
+            raise ValueError(f"RunConfig.save_checkpoints_secs must be positive, got {self.save_checkpoints_secs!r}")
+        if self.save_checkpoints_steps is not None and self.save_checkpoints_secs is not None:
+            raise ValueError("RunConfig: set save_checkpoints_steps or save_checkpoints_secs, not both")
+        if not isinstance(self.mesh_shape, dict) or not self.mesh_shape:
+            raise ValueError(f"RunConfig.mesh_shape must be a dict of axis sizes, got {self.mesh_shape!r}")
+        if "data" not in self.mesh_shape:
+            raise ValueError(f"RunConfig.mesh_shape needs a 'data' axis (batches are split over it), "
+                             f"got {self.mesh_shape!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"RunConfig.seed must be an int, got {self.seed!r}")
+
+    @property
+    def checkpoint_every_steps(self) -> int | None:
+        """Steps between checkpoints (None when they are timed)."""
+        if self.save_checkpoints_secs is not None:
+            return None
+        return self.save_checkpoints_steps or 1000

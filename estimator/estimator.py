@@ -1,0 +1,376 @@
+"""``Estimator``: train, evaluate, predict and export a JAX model on compiled loops fed by the infeed.
+
+The ideas are TPUEstimator's; the mechanics are JAX's. ``init_fn(rng,
+features)`` makes the variables; ``model_fn(variables, features, labels, mode,
+params)`` is pure and is traced into one compiled loop of
+``iterations_per_loop`` steps (:func:`xla_runtime.compile_loop`), whose
+batches an infeed daemon decodes and a feeder moves to the devices while the
+previous loop runs. The train state, one pytree ``{"variables",
+"opt_state", "step", "rng"}``, is donated and replicated over the mesh; the
+batch is split over its ``data`` axis, so the gradient of the mean loss is
+already the all-reduced mean (no CrossShardOptimizer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import xla_runtime as xr
+from estimator import metrics as metrics_lib
+from estimator.checkpoints import Checkpoints
+from estimator.config import RunConfig
+from estimator.inputs import Input, split_batch
+from estimator.progress import StepLogger
+from estimator.spec import EstimatorSpec, ModeKeys
+from estimator.summaries import SummaryWriter
+
+__all__ = ["Estimator", "step_rng"]
+
+_log = logging.getLogger("estimator")
+_rng: contextvars.ContextVar = contextvars.ContextVar("estimator_rng", default=None)
+
+
+def step_rng() -> jax.Array:
+    """A PRNG key for this training step (dropout and the like), inside ``model_fn`` in TRAIN mode."""
+    key = _rng.get()
+    if key is None:
+        raise RuntimeError("step_rng() is available inside model_fn while training")
+    return key
+
+
+@contextlib.contextmanager
+def _rng_for(key):
+    token = _rng.set(key)
+    try:
+        yield
+    finally:
+        _rng.reset(token)
+
+
+def _trainable(variables):
+    """(trainable part, rebuild(trainable, updates) -> variables): ``variables["params"]`` when a dict has it."""
+    if isinstance(variables, dict) and "params" in variables:
+        def rebuild(params, updates):
+            out = dict(variables, params=params)
+            if updates:
+                out.update(updates)
+            return out
+        return variables["params"], rebuild
+    return variables, lambda params, updates: params
+
+
+class Estimator:
+    """See the module docstring. Batch sizes are global (over every host); ``params["batch_size"]``,
+    which ``input_fn`` receives, is the per-host batch."""
+
+    def __init__(self, model_fn: Callable, init_fn: Callable, optimizer: optax.GradientTransformation | None,
+                 config: RunConfig, params: dict | None = None, *, train_batch_size: int | None = None,
+                 eval_batch_size: int | None = None, predict_batch_size: int | None = None,
+                 warm_start_from: str | None = None, warm_start_include: str | None = None):
+        if not callable(model_fn) or not callable(init_fn):
+            raise TypeError("model_fn and init_fn must be functions")
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"config must be an estimator.RunConfig, got {type(config).__name__}")
+        if config.distributed and jax.process_count() == 1:
+            jax.distributed.initialize()
+        self.model_fn, self.init_fn, self.optimizer, self.config = model_fn, init_fn, optimizer, config
+        self.params = dict(params or {})
+        self.mesh = xr.make_mesh(config.mesh_shape)
+        self.batch_sizes = {ModeKeys.TRAIN: train_batch_size, ModeKeys.EVAL: eval_batch_size or train_batch_size,
+                            ModeKeys.PREDICT: predict_batch_size or eval_batch_size or train_batch_size}
+        data = self.mesh.shape["data"]
+        for mode, size in self.batch_sizes.items():
+            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1 or size % data
+                                     or size % jax.process_count()):
+                raise ValueError(f"the {mode} batch size must be a positive multiple of the mesh's data axis "
+                                 f"({data} devices) and of the number of hosts ({jax.process_count()}), got {size!r}")
+        self.warm_start_from, self.warm_start_include = warm_start_from, warm_start_include
+        os.makedirs(config.model_dir, exist_ok=True)
+        self.checkpoints = Checkpoints(os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoint_max)
+        self._state = None                 # the train state on the devices, once made or restored
+        self._input_state = None           # where the training input resumes after it
+        self._host_call_fn = None
+        self._loops: dict = {}
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _host_batch(self, mode: str) -> int:
+        size = self.batch_sizes[mode]
+        if size is None:
+            raise ValueError(f"set {mode}_batch_size to {mode}" if mode != ModeKeys.PREDICT else
+                             "set predict_batch_size (or eval/train batch size) to predict")
+        return size // jax.process_count()
+
+    def _input(self, input_fn, mode: str, steps: int, state: dict | None = None) -> Input:
+        batch = self._host_batch(mode)
+        return Input(input_fn(dict(self.params, batch_size=batch)), self.mesh, steps, batch,
+                     exact=mode != ModeKeys.TRAIN, state=state, workers=self.config.infeed_workers,
+                     slots=self.config.infeed_slots)
+
+    def _spec(self, variables, features, labels, mode) -> EstimatorSpec:
+        spec = self.model_fn(variables, features, labels, mode, dict(self.params, batch_size=self._host_batch(mode)))
+        if not isinstance(spec, EstimatorSpec):
+            raise TypeError(f"model_fn must return an estimator.EstimatorSpec, got {type(spec).__name__}")
+        return spec
+
+    def _new_state(self, first_batch: dict, labels) -> dict:
+        features, _, _ = split_batch(jax.tree.map(lambda x: x[0], first_batch), labels)
+        key = jax.random.key(self.config.seed)
+        variables = self.init_fn(jax.random.fold_in(key, 0), features)
+        if self.warm_start_from:
+            from estimator.checkpoints import warm_start
+            variables = warm_start(self.warm_start_from, variables, self.warm_start_include)
+        params, _ = _trainable(variables)
+        return {"variables": variables, "opt_state": self.optimizer.init(params), "step": jnp.int32(0),
+                "rng": jax.random.key_data(key)}
+
+    def _restore_or_init(self, first_batch: dict, labels) -> dict:
+        if self._state is not None:
+            return self._state
+        abstract = jax.eval_shape(lambda b: self._new_state(b, labels), first_batch)
+        if self.checkpoints.latest_step() is not None:
+            replicated = xr.replicated(self.mesh)
+            target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), abstract)
+            state, _ = self.checkpoints.restore(target)
+            _log.info("restored step %d from %s", int(state["step"]), self.checkpoints.latest_path())
+            return state
+        return self._new_state(first_batch, labels)
+
+    # --- training ---------------------------------------------------------------------------
+    def _train_step(self, labels):
+        optimizer = self.optimizer
+
+        def step(state, batch):
+            features, batch_labels, _ = split_batch(batch, labels)
+            key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+            params, rebuild = _trainable(state["variables"])
+
+            def loss_fn(p):
+                with _rng_for(key):
+                    spec = self._spec(rebuild(p, None), features, batch_labels, ModeKeys.TRAIN)
+                if spec.loss is None:
+                    raise ValueError("model_fn must return a loss in TRAIN mode")
+                return spec.loss, spec
+
+            (loss, spec), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+            variables = rebuild(optax.apply_updates(params, updates), spec.updates)
+            outputs = {"loss": loss}
+            if spec.host_call is not None:
+                self._host_call_fn = spec.host_call[0]       # seen while tracing; called after each loop
+                outputs["host_call"] = spec.host_call[1]
+            new = {"variables": variables, "opt_state": opt_state, "step": state["step"] + 1, "rng": state["rng"]}
+            return new, outputs
+        return step
+
+    def train(self, input_fn: Callable, steps: int | None = None, max_steps: int | None = None) -> "Estimator":
+        """Trains until ``max_steps`` (global step), or for ``steps`` more; both exact (a partial last loop).
+
+        Starts from the latest checkpoint of ``model_dir`` (its variables, optimizer
+        state and input position) or from ``init_fn``; checkpoints on the
+        RunConfig's cadence and at the end.
+        """
+        if (steps is None) == (max_steps is None):
+            raise ValueError("train needs exactly one of steps and max_steps")
+        if self.optimizer is None:
+            raise ValueError("this Estimator has no optimizer: it cannot train")
+        cfg, k = self.config, self.config.iterations_per_loop
+        start = (self.checkpoints.latest_step() or 0) if self._state is None else int(self._state["step"])
+        target = max_steps if max_steps is not None else start + steps
+        if target <= start:
+            _log.info("already at step %d >= %d: nothing to train", start, target)
+            return self
+        input_state = self.checkpoints.extras().get("input") if self._state is None and start else None
+        if self._state is not None:
+            input_state = self._input_state
+        writer = SummaryWriter(cfg.model_dir)
+        logger = StepLogger(total_steps=target, every_steps=cfg.log_step_count_steps,
+                            examples_per_step=self.batch_sizes[ModeKeys.TRAIN])
+        last_ckpt_step, last_ckpt_time = start, time.monotonic()
+        try:
+            with self._input(input_fn, ModeKeys.TRAIN, k, input_state) as source:
+                loop = None
+                step = start
+                before = source.state()
+                for batches in source:
+                    if loop is None:
+                        state = self._restore_or_init(batches, source.labels)
+                        loop = self._loops.setdefault(ModeKeys.TRAIN, xr.compile_loop(
+                            self._train_step(source.labels), k, self.mesh, batch_sharding=xr.P("data")))
+                    n = min(k, target - step, jax.tree.leaves(batches)[0].shape[0])
+                    if n < jax.tree.leaves(batches)[0].shape[0]:
+                        batches = jax.tree.map(lambda x: x[:n], batches)
+                    state, outputs = loop(state, batches, first_step=step)
+                    after = source.state()
+                    input_state = after if n == k or after is None else dict(before, batch=before["batch"] + n)
+                    before = after
+                    step += n
+                    self._after_loop(step - n, n, outputs, logger, writer)
+                    due = (cfg.checkpoint_every_steps and step - last_ckpt_step >= cfg.checkpoint_every_steps) or (
+                        cfg.save_checkpoints_secs and time.monotonic() - last_ckpt_time >= cfg.save_checkpoints_secs)
+                    if due or step >= target:
+                        self.checkpoints.save(step, state, {"input": input_state, "global_step": step})
+                        last_ckpt_step, last_ckpt_time = step, time.monotonic()
+                    if step >= target:
+                        break
+                if loop is None:
+                    raise ValueError("input_fn gave no batch to train on")
+                self._state, self._input_state = state, input_state
+                if step < target:
+                    _log.warning("the input ended at step %d, before step %d", step, target)
+        finally:
+            self.checkpoints.wait()
+            logger.close()
+            writer.close()
+        return self
+
+    def _after_loop(self, first: int, n: int, outputs: dict, logger: StepLogger, writer: SummaryWriter) -> None:
+        losses = np.asarray(jax.device_get(outputs["loss"]))
+        if "host_call" in outputs:
+            fn = self._host_call_fn
+            tensors = jax.device_get(outputs["host_call"])
+            for i in range(n):
+                args = jax.tree.map(lambda x: x[i], tensors)
+                fn(first + i, **args) if isinstance(args, dict) else fn(first + i, *args)
+        step = first + n
+        rates = logger.update(step, loss=float(losses[-1]))
+        every = self.config.save_summary_steps
+        if step // every > first // every or rates:
+            writer.scalars({"loss": float(losses[-1]), **(rates or {})}, step)
+
+    # --- evaluation and prediction ----------------------------------------------------------
+    def _variables(self):
+        if self._state is not None:
+            return self._state["variables"]
+        if self.checkpoints.latest_step() is None:
+            raise ValueError(f"no checkpoint in {self.config.model_dir} and nothing trained: train first")
+        return None
+
+    def _eval_step(self, labels, host_metrics: list):
+        def step(variables, batch):
+            features, batch_labels, mask = split_batch(batch, labels)
+            real = 1.0 - mask.astype(jnp.float32)
+            with metrics_lib.example_mask(real):
+                spec = self._spec(variables, features, batch_labels, ModeKeys.EVAL)
+            outputs = {"examples": real.sum()}
+            if spec.loss is not None:
+                outputs["loss"] = metrics_lib.mean(jnp.broadcast_to(spec.loss, real.shape), weights=real)
+            if isinstance(spec.eval_metrics, tuple):
+                host_metrics[:] = [spec.eval_metrics[0]]
+                outputs["host_tensors"] = spec.eval_metrics[1]
+                outputs["mask"] = mask
+            elif spec.eval_metrics:
+                outputs["metrics"] = spec.eval_metrics
+            return variables, outputs
+        return step
+
+    def evaluate(self, input_fn: Callable, steps: int | None = None, name: str | None = None) -> dict:
+        """Metrics over the whole input, every example exactly once (``steps``: at most that many batches).
+
+        The last partial batch is padded and its padding masked out of every
+        ``est.metrics`` metric and of the loss; ``(metric_fn, tensors)`` sees the
+        real examples only. Returns ``{"loss", "global_step", metric names...}``.
+        """
+        k = self.config.iterations_per_loop
+        host_fn: list = []
+        totals, tensors, done = None, [], 0
+        with self._input(input_fn, ModeKeys.EVAL, k) as source:
+            variables = None
+            loop = xr.compile_loop(self._eval_step(source.labels, host_fn), k, self.mesh, donate_state=False)
+            for batches in source:
+                if variables is None:
+                    variables = self._variables()
+                    if variables is None:
+                        variables = self._restore_or_init(batches, source.labels)["variables"]
+                n = jax.tree.leaves(batches)[0].shape[0]
+                if steps is not None:
+                    n = min(n, steps - done)
+                    batches = jax.tree.map(lambda x: x[:n], batches)
+                _, outputs = loop(variables, batches)
+                done += n
+                outputs = jax.device_get(outputs)
+                summed = {key: metrics_lib.sum_over_steps(outputs[key]) for key in ("loss", "metrics") if key in outputs}
+                summed["examples"] = float(np.sum(outputs["examples"]))
+                totals = summed if totals is None else {
+                    key: (totals[key] + value if key == "examples" else metrics_lib.merge_all(totals[key], value))
+                    for key, value in summed.items()}
+                if "host_tensors" in outputs:
+                    keep = ~np.asarray(outputs["mask"]).reshape(-1)
+                    tensors.append(jax.tree.map(lambda x: np.asarray(x).reshape((-1,) + x.shape[2:])[keep],
+                                                outputs["host_tensors"]))
+                if steps is not None and done >= steps:
+                    break
+        if totals is None:
+            raise ValueError("input_fn gave no batch to evaluate")
+        result = {"global_step": self.global_step(), "examples": int(round(totals["examples"]))}
+        if "loss" in totals:
+            result["loss"] = totals["loss"].result()
+        if "metrics" in totals:
+            result.update(metrics_lib.results(totals["metrics"]))
+        if host_fn:
+            joined = jax.tree.map(lambda *xs: np.concatenate(xs), *tensors)
+            result.update({k: float(v) for k, v in host_fn[0](**joined).items()})
+        with SummaryWriter(os.path.join(self.config.model_dir, f"eval_{name}" if name else "eval")) as writer:
+            writer.scalars({k: v for k, v in result.items() if isinstance(v, float)}, result["global_step"])
+        _log.info("evaluation at step %d: %s", result["global_step"],
+                  ", ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}" for k, v in result.items()))
+        return result
+
+    def predict(self, input_fn: Callable, yield_single_examples: bool = True) -> Iterator[dict]:
+        """Predictions, one dict of numpy values per example in input order, padding removed
+        (``yield_single_examples=False``: one dict of arrays per batch)."""
+        k = self.config.iterations_per_loop
+
+        def step(variables, batch):
+            features, _, mask = split_batch(batch, labels)
+            spec = self._spec(variables, features, None, ModeKeys.PREDICT)
+            if not isinstance(spec.predictions, dict):
+                raise ValueError("model_fn must return predictions as a dict in PREDICT mode")
+            return variables, {"predictions": spec.predictions, "mask": mask}
+
+        with self._input(input_fn, ModeKeys.PREDICT, k) as source:
+            labels = source.labels
+            loop = xr.compile_loop(step, k, self.mesh, donate_state=False)
+            variables = None
+            for batches in source:
+                if variables is None:
+                    variables = self._variables()
+                    if variables is None:
+                        variables = self._restore_or_init(batches, labels)["variables"]
+                _, outputs = loop(variables, batches)
+                outputs = jax.device_get(outputs)
+                for s in range(len(outputs["mask"])):
+                    keep = ~np.asarray(outputs["mask"][s])
+                    batch = {name: np.asarray(v[s])[keep] for name, v in outputs["predictions"].items()}
+                    if not yield_single_examples:
+                        yield batch
+                        continue
+                    for i in range(int(keep.sum())):
+                        yield {name: v[i] for name, v in batch.items()}
+
+    # --- state ------------------------------------------------------------------------------
+    def global_step(self) -> int:
+        """The step of the train state in memory, else of the latest checkpoint (0 when none)."""
+        if self._state is not None:
+            return int(self._state["step"])
+        return self.checkpoints.latest_step() or 0
+
+    def latest_checkpoint(self) -> str | None:
+        """The directory of the latest checkpoint, or None."""
+        return self.checkpoints.latest_path()
+
+    def get_variables(self):
+        """The latest checkpoint's variables, as a pytree of numpy arrays."""
+        if self.checkpoints.latest_step() is None:
+            raise ValueError(f"no checkpoint in {self.config.model_dir}")
+        state, _ = self.checkpoints.restore_numpy()
+        return state["variables"]

@@ -1,0 +1,132 @@
+"""Estimator on 8 CPU devices: train from TFRecords through the daemon, exact evaluation, prediction, resume."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import estimator as est
+import infeed
+
+D, C = 6, 3
+SPEC = {"x": infeed.FixedLen((D,), "float32"), "label": infeed.FixedLen((), "int64")}
+
+
+def make_data(n, seed=0):
+    centers = np.random.default_rng(1234).normal(size=(C, D)) * 3      # one problem, whatever the sample
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, C, n)
+    return (centers[labels] + rng.normal(size=(n, D))).astype(np.float32), labels
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("est")
+    x, y = make_data(1000)
+    paths = []
+    for k in range(2):
+        paths.append(str(root / f"train-{k}.tfrecord"))
+        with infeed.TFRecordWriter(paths[-1]) as w:
+            for i in range(k * 500, k * 500 + 500):
+                w.write(infeed.encode_example({"x": x[i], "label": [int(y[i])]}))
+    ex, ey = make_data(257, seed=1)
+    path = str(root / "eval.tfrecord")
+    with infeed.TFRecordWriter(path) as w:
+        for i in range(257):
+            w.write(infeed.encode_example({"x": ex[i], "label": [int(ey[i])]}))
+    return {"train": paths, "eval": path, "eval_arrays": (ex, ey)}
+
+
+def init_fn(rng, features):
+    k1, k2 = jax.random.split(rng)
+    return {"params": {"w1": jax.random.normal(k1, (D, 16)) * 0.3, "b1": jnp.zeros(16),
+                       "w2": jax.random.normal(k2, (16, C)) * 0.3, "b2": jnp.zeros(C)}}
+
+
+def logits_of(variables, x):
+    p = variables["params"]
+    return jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+def model_fn(variables, features, labels, mode, params):
+    logits = logits_of(variables, features["x"])
+    if mode == est.ModeKeys.PREDICT:
+        return est.EstimatorSpec(mode, predictions={"class": logits.argmax(-1), "logits": logits})
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return est.EstimatorSpec(mode, loss=loss, eval_metrics={
+        "accuracy": est.metrics.accuracy(labels, logits.argmax(-1)), "count": est.metrics.sum(jnp.ones_like(loss,
+                                                                                                        shape=labels.shape))})
+
+
+def make(model_dir, **kw):
+    config = est.RunConfig(model_dir=str(model_dir), iterations_per_loop=kw.pop("k", 10),
+                           save_checkpoints_steps=kw.pop("save_every", 50), log_step_count_steps=20)
+    return est.Estimator(model_fn, init_fn, optax.adam(1e-2), config, train_batch_size=32, eval_batch_size=64,
+                         predict_batch_size=64, **kw)
+
+
+def train_input(files, seed=0):
+    return lambda params: infeed.Dataset(files["train"], SPEC, batch_size=params["batch_size"], labels="label",
+                                         shuffle_files=True, shuffle_buffer=100, seed=seed, num_epochs=None)
+
+
+def eval_input(files):
+    return lambda params: infeed.Dataset(files["eval"], SPEC, batch_size=params["batch_size"], labels="label")
+
+
+def test_train_evaluate_predict(files, tmp_path):
+    e = make(tmp_path)
+    e.train(train_input(files), max_steps=95)                 # 9 loops of 10, then a partial loop of 5
+    assert e.global_step() == 95 and e.checkpoints.latest_step() == 95
+    result = e.evaluate(eval_input(files))
+    assert result["examples"] == 257 and result["count"] == 257.0 and result["global_step"] == 95
+    assert result["accuracy"] > 0.9
+    ex, ey = files["eval_arrays"]
+    preds = list(e.predict(eval_input(files)))
+    assert len(preds) == 257 and set(preds[0]) == {"class", "logits"}
+    variables = e.get_variables()
+    want = np.asarray(logits_of(variables, ex)).argmax(-1)
+    assert [int(p["class"]) for p in preds] == want.tolist()
+    assert result["accuracy"] == pytest.approx(np.mean(want == ey))
+
+
+def test_a_stopped_run_resumes_to_the_weights_of_an_uninterrupted_one(files, tmp_path):
+    whole = make(tmp_path / "whole", k=7).train(train_input(files), max_steps=40).get_variables()
+    make(tmp_path / "split", k=7).train(train_input(files), max_steps=20)      # 20 = 2 loops of 7 + 6
+    resumed = make(tmp_path / "split", k=7).train(train_input(files), max_steps=40).get_variables()
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), whole, resumed)
+
+
+def test_steps_counts_from_the_current_step_and_config_is_checked(files, tmp_path):
+    e = make(tmp_path)
+    e.train(train_input(files), steps=12).train(train_input(files), steps=8)
+    assert e.global_step() == 20
+    with pytest.raises(ValueError, match="exactly one"):
+        e.train(train_input(files))
+    with pytest.raises(ValueError, match="iterations_per_loop"):
+        est.RunConfig(model_dir=str(tmp_path), iterations_per_loop=0)
+    with pytest.raises(ValueError, match="multiple of the mesh's data axis"):
+        est.Estimator(model_fn, init_fn, optax.sgd(0.1), est.RunConfig(model_dir=str(tmp_path)), train_batch_size=12)
+
+
+def test_an_iterable_input_and_host_side_metric_fn(files, tmp_path):
+    ex, ey = files["eval_arrays"]
+
+    def batches(params):
+        b = params["batch_size"]
+        return [({"x": ex[i:i + b]}, ey[i:i + b]) for i in range(0, 257, b)]
+
+    def host_metrics(variables, features, labels, mode, params):
+        spec = model_fn(variables, features, labels, mode, params)
+        logits = logits_of(variables, features["x"])
+        return est.EstimatorSpec(mode, loss=spec.loss, eval_metrics=(
+            lambda labels, classes: {"host_accuracy": float(np.mean(labels == classes)), "n": len(labels)},
+            {"labels": labels, "classes": logits.argmax(-1)}))
+
+    e = make(tmp_path)
+    e.train(train_input(files), max_steps=30)
+    e.model_fn = host_metrics
+    result = e.evaluate(batches)
+    assert result["n"] == 257.0 and result["examples"] == 257
+    assert result["host_accuracy"] == pytest.approx(e.evaluate(eval_input(files))["host_accuracy"])
