@@ -33,6 +33,7 @@ setup(
         "optax==0.2.8",
         "orbax-checkpoint==0.12.8",
         "tqdm>=4.66,<5",
+        "flatbuffers>=24.3,<26",        # jax.export serialisation (estimator.export)
     ],
     extras_require={
         # protobuf only cross-checks the tests' reference decoder; infeed never imports it.
