@@ -8,6 +8,8 @@
 from estimator import metrics
 from estimator.config import RunConfig
 from estimator.estimator import Estimator, step_rng
+from estimator.export import LoadedModel, TensorSpec, load_exported
 from estimator.spec import EstimatorSpec, ModeKeys
 
-__all__ = ["Estimator", "EstimatorSpec", "ModeKeys", "RunConfig", "metrics", "step_rng"]
+__all__ = ["Estimator", "EstimatorSpec", "LoadedModel", "ModeKeys", "RunConfig", "TensorSpec", "load_exported", "metrics",
+           "step_rng"]

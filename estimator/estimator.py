@@ -29,6 +29,7 @@ import xla_runtime as xr
 from estimator import metrics as metrics_lib
 from estimator.checkpoints import Checkpoints
 from estimator.config import RunConfig
+from estimator.export import export_model
 from estimator.inputs import Input, split_batch
 from estimator.progress import StepLogger
 from estimator.spec import EstimatorSpec, ModeKeys
@@ -356,6 +357,34 @@ class Estimator:
                         continue
                     for i in range(int(keep.sum())):
                         yield {name: v[i] for name, v in batch.items()}
+
+    # --- export -----------------------------------------------------------------------------
+    def export(self, export_dir, serving_features: dict, *, platforms=None, saved_model: bool = False) -> str:
+        """Exports the PREDICT-mode ``model_fn`` with the current variables for serving; returns its path.
+
+        Writes ``<export_dir>/<global_step>`` (a :mod:`jax.export` artefact of
+        ``features -> predictions`` with a symbolic batch dimension, the
+        variables as ``variables.npz`` and ``signature.json``; see
+        :mod:`estimator.export`), loadable with :func:`estimator.load_exported`
+        without the model's code. ``serving_features``: ``{name: TensorSpec}``,
+        ``None`` for the batch dimension. A step already exported is refused.
+        """
+        variables = self._variables()
+        if variables is None:
+            variables = self.get_variables()
+        params = dict(self.params, batch_size=None)
+
+        def predict_fn(variables, features):
+            spec = self.model_fn(variables, features, None, ModeKeys.PREDICT, params)
+            if not isinstance(spec, EstimatorSpec) or not isinstance(spec.predictions, dict):
+                raise ValueError("model_fn must return an EstimatorSpec with a dict of predictions in PREDICT mode")
+            return spec.predictions
+
+        path = os.path.join(os.fspath(export_dir), str(self.global_step()))
+        path = export_model(predict_fn, jax.device_get(variables), serving_features, path, platforms=platforms,
+                            saved_model=saved_model)
+        _log.info("exported step %d to %s", self.global_step(), path)
+        return path
 
     # --- state ------------------------------------------------------------------------------
     def global_step(self) -> int:

@@ -89,6 +89,13 @@ def test_train_evaluate_predict(files, tmp_path):
     want = np.asarray(logits_of(variables, ex)).argmax(-1)
     assert [int(p["class"]) for p in preds] == want.tolist()
     assert result["accuracy"] == pytest.approx(np.mean(want == ey))
+    path = e.export(tmp_path / "export", {"x": est.TensorSpec((None, D), "float32")})
+    assert path.endswith("/95")
+    served = est.load_exported(path)({"x": ex[:7]})
+    assert served["class"].tolist() == want[:7].tolist()
+    np.testing.assert_allclose(served["logits"], np.stack([p["logits"] for p in preds[:7]]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(FileExistsError):
+        e.export(tmp_path / "export", {"x": est.TensorSpec((None, D), "float32")})
 
 
 def test_a_stopped_run_resumes_to_the_weights_of_an_uninterrupted_one(files, tmp_path):
