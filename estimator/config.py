@@ -28,7 +28,10 @@ class RunConfig:
     save_summary_steps / log_step_count_steps: summaries and log lines cadence.
     seed: the PRNG seed of initialisation and of the train state's key.
     infeed_workers / infeed_slots: the decoding daemon's processes and ring slots.
-    distributed: call ``jax.distributed.initialize()`` (multi-host; its settings from the environment).
+    stop_on_nan: stop training with ``FloatingPointError`` (naming the step) when the loss is
+        NaN or Inf, before that loop's state is checkpointed.
+    distributed: call ``jax.distributed.initialize()`` (multi-host): with ``coordinator_address``,
+        ``num_processes`` and ``process_id`` when given, else as JAX finds them in the environment.
     """
 
     model_dir: str
@@ -42,7 +45,11 @@ class RunConfig:
     seed: int = 0
     infeed_workers: int = 2
     infeed_slots: int = 4
+    stop_on_nan: bool = True
     distributed: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.model_dir, (str, os.PathLike)) or not os.fspath(self.model_dir):
@@ -62,6 +69,12 @@ class RunConfig:
         if "data" not in self.mesh_shape:
             raise ValueError(f"RunConfig.mesh_shape needs a 'data' axis (batches are split over it), "
                              f"got {self.mesh_shape!r}")
+        _positive("num_processes", self.num_processes, allow_none=True)
+        if self.process_id is not None and (isinstance(self.process_id, bool) or not isinstance(self.process_id, int)
+                                            or self.process_id < 0):
+            raise ValueError(f"RunConfig.process_id must be an int >= 0 or None, got {self.process_id!r}")
+        if not self.distributed and (self.coordinator_address or self.num_processes or self.process_id is not None):
+            raise ValueError("RunConfig: coordinator_address, num_processes and process_id need distributed=True")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"RunConfig.seed must be an int, got {self.seed!r}")
 

@@ -31,7 +31,7 @@ from estimator.checkpoints import Checkpoints
 from estimator.config import RunConfig
 from estimator.export import export_model
 from estimator.inputs import Input, split_batch
-from estimator.progress import StepLogger
+from estimator.progress import StepLogger, batch_bar
 from estimator.spec import EstimatorSpec, ModeKeys
 from estimator.summaries import SummaryWriter
 
@@ -58,6 +58,15 @@ def _rng_for(key):
         _rng.reset(token)
 
 
+def _learning_rate(opt_state):
+    """The learning rate an ``optax.inject_hyperparams`` optimizer keeps in its state, else None."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        if getattr(path[-1], "key", None) == "learning_rate" and any(
+                getattr(k, "name", None) == "hyperparams" for k in path):
+            return leaf
+    return None
+
+
 def _trainable(variables):
     """(trainable part, rebuild(trainable, updates) -> variables): ``variables["params"]`` when a dict has it."""
     if isinstance(variables, dict) and "params" in variables:
@@ -82,8 +91,8 @@ class Estimator:
             raise TypeError("model_fn and init_fn must be functions")
         if not isinstance(config, RunConfig):
             raise TypeError(f"config must be an estimator.RunConfig, got {type(config).__name__}")
-        if config.distributed and jax.process_count() == 1:
-            jax.distributed.initialize()
+        if config.distributed and not jax.distributed.is_initialized():
+            jax.distributed.initialize(config.coordinator_address, config.num_processes, config.process_id)
         self.model_fn, self.init_fn, self.optimizer, self.config = model_fn, init_fn, optimizer, config
         self.params = dict(params or {})
         self.mesh = xr.make_mesh(config.mesh_shape)
@@ -160,15 +169,20 @@ class Estimator:
                     spec = self._spec(rebuild(p, None), features, batch_labels, ModeKeys.TRAIN)
                 if spec.loss is None:
                     raise ValueError("model_fn must return a loss in TRAIN mode")
-                return spec.loss, spec
+                if spec.host_call is not None:
+                    self._host_call_fn = spec.host_call[0]       # seen while tracing; called after each loop
+                # the aux must be a pytree of arrays: an EstimatorSpec would carry tracers out of the trace
+                return spec.loss, (spec.updates, spec.host_call[1] if spec.host_call is not None else None)
 
-            (loss, spec), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            (loss, (spec_updates, host_tensors)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
             updates, opt_state = optimizer.update(grads, state["opt_state"], params)
-            variables = rebuild(optax.apply_updates(params, updates), spec.updates)
+            variables = rebuild(optax.apply_updates(params, updates), spec_updates)
             outputs = {"loss": loss}
-            if spec.host_call is not None:
-                self._host_call_fn = spec.host_call[0]       # seen while tracing; called after each loop
-                outputs["host_call"] = spec.host_call[1]
+            learning_rate = _learning_rate(opt_state)
+            if learning_rate is not None:
+                outputs["learning_rate"] = learning_rate
+            if host_tensors is not None:
+                outputs["host_call"] = host_tensors
             new = {"variables": variables, "opt_state": opt_state, "step": state["step"] + 1, "rng": state["rng"]}
             return new, outputs
         return step
@@ -195,7 +209,7 @@ class Estimator:
             input_state = self._input_state
         writer = SummaryWriter(cfg.model_dir)
         logger = StepLogger(total_steps=target, every_steps=cfg.log_step_count_steps,
-                            examples_per_step=self.batch_sizes[ModeKeys.TRAIN])
+                            examples_per_step=self.batch_sizes[ModeKeys.TRAIN], initial_step=start, desc="train")
         last_ckpt_step, last_ckpt_time = start, time.monotonic()
         try:
             with self._input(input_fn, ModeKeys.TRAIN, k, input_state) as source:
@@ -205,8 +219,10 @@ class Estimator:
                 for batches in source:
                     if loop is None:
                         state = self._restore_or_init(batches, source.labels)
-                        loop = self._loops.setdefault(ModeKeys.TRAIN, xr.compile_loop(
-                            self._train_step(source.labels), k, self.mesh, batch_sharding=xr.P("data")))
+                        key = (ModeKeys.TRAIN, source.labels)     # a loop per label names, compiled once
+                        if key not in self._loops:
+                            self._loops[key] = xr.compile_loop(self._train_step(source.labels), k, self.mesh)
+                        loop = self._loops[key]
                     n = min(k, target - step, jax.tree.leaves(batches)[0].shape[0])
                     if n < jax.tree.leaves(batches)[0].shape[0]:
                         batches = jax.tree.map(lambda x: x[:n], batches)
@@ -215,7 +231,7 @@ class Estimator:
                     input_state = after if n == k or after is None else dict(before, batch=before["batch"] + n)
                     before = after
                     step += n
-                    self._after_loop(step - n, n, outputs, logger, writer)
+                    self._after_loop(step - n, n, outputs, logger, writer, last=step >= target)
                     due = (cfg.checkpoint_every_steps and step - last_ckpt_step >= cfg.checkpoint_every_steps) or (
                         cfg.save_checkpoints_secs and time.monotonic() - last_ckpt_time >= cfg.save_checkpoints_secs)
                     if due or step >= target:
@@ -234,19 +250,33 @@ class Estimator:
             writer.close()
         return self
 
-    def _after_loop(self, first: int, n: int, outputs: dict, logger: StepLogger, writer: SummaryWriter) -> None:
-        losses = np.asarray(jax.device_get(outputs["loss"]))
+    def _after_loop(self, first: int, n: int, outputs: dict, logger: StepLogger, writer: SummaryWriter,
+                    last: bool) -> None:
+        """Checks the loss, runs the host_call, logs, and writes summaries (every save_summary_steps and at the end)."""
+        outputs = jax.device_get({k: v for k, v in outputs.items() if k != "host_call"} | (
+            {"host_call": outputs["host_call"]} if "host_call" in outputs else {}))
+        losses = np.asarray(outputs["loss"])
+        if self.config.stop_on_nan and not np.all(np.isfinite(losses)):
+            bad = int(np.flatnonzero(~np.isfinite(losses))[0])
+            self.checkpoints.wait()
+            latest = self.checkpoints.latest_step()
+            raise FloatingPointError(
+                f"the loss is {losses[bad]} at step {first + bad + 1} (in the loop of steps {first + 1}..{first + n}); "
+                f"training stopped and this loop's state was not saved: the last checkpoint is "
+                f"{'step %d' % latest if latest is not None else 'none'} (RunConfig(stop_on_nan=False) trains on)")
         if "host_call" in outputs:
             fn = self._host_call_fn
-            tensors = jax.device_get(outputs["host_call"])
             for i in range(n):
-                args = jax.tree.map(lambda x: x[i], tensors)
+                args = jax.tree.map(lambda x: x[i], outputs["host_call"])
                 fn(first + i, **args) if isinstance(args, dict) else fn(first + i, *args)
         step = first + n
         rates = logger.update(step, loss=float(losses[-1]))
         every = self.config.save_summary_steps
-        if step // every > first // every or rates:
-            writer.scalars({"loss": float(losses[-1]), **(rates or {})}, step)
+        if step // every > first // every or rates or last:
+            scalars = {"loss": float(losses[-1]), **rates}
+            if "learning_rate" in outputs:
+                scalars["learning_rate"] = float(np.asarray(outputs["learning_rate"])[-1])
+            writer.scalars(scalars, step)
 
     # --- evaluation and prediction ----------------------------------------------------------
     def _variables(self):
@@ -284,7 +314,7 @@ class Estimator:
         k = self.config.iterations_per_loop
         host_fn: list = []
         totals, tensors, done = None, [], 0
-        with self._input(input_fn, ModeKeys.EVAL, k) as source:
+        with self._input(input_fn, ModeKeys.EVAL, k) as source, batch_bar("evaluate") as bar:
             variables = None
             loop = xr.compile_loop(self._eval_step(source.labels, host_fn), k, self.mesh, donate_state=False)
             for batches in source:
@@ -298,6 +328,7 @@ class Estimator:
                     batches = jax.tree.map(lambda x: x[:n], batches)
                 _, outputs = loop(variables, batches)
                 done += n
+                bar.update(n)
                 outputs = jax.device_get(outputs)
                 summed = {key: metrics_lib.sum_over_steps(outputs[key]) for key in ("loss", "metrics") if key in outputs}
                 summed["examples"] = float(np.sum(outputs["examples"]))
@@ -338,7 +369,7 @@ class Estimator:
                 raise ValueError("model_fn must return predictions as a dict in PREDICT mode")
             return variables, {"predictions": spec.predictions, "mask": mask}
 
-        with self._input(input_fn, ModeKeys.PREDICT, k) as source:
+        with self._input(input_fn, ModeKeys.PREDICT, k) as source, batch_bar("predict") as bar:
             labels = source.labels
             loop = xr.compile_loop(step, k, self.mesh, donate_state=False)
             variables = None
@@ -349,6 +380,7 @@ class Estimator:
                         variables = self._restore_or_init(batches, labels)["variables"]
                 _, outputs = loop(variables, batches)
                 outputs = jax.device_get(outputs)
+                bar.update(len(outputs["mask"]))
                 for s in range(len(outputs["mask"])):
                     keep = ~np.asarray(outputs["mask"][s])
                     batch = {name: np.asarray(v[s])[keep] for name, v in outputs["predictions"].items()}

@@ -40,7 +40,7 @@ from typing import Self
 
 import tqdm
 
-__all__ = ["StepLogger"]
+__all__ = ["StepLogger", "batch_bar"]
 
 _LOGGER = logging.getLogger("estimator")
 
@@ -125,3 +125,8 @@ class StepLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def batch_bar(desc: str) -> tqdm.tqdm:
+    """A bar counting batches (evaluation, prediction), shown only when stderr is a terminal."""
+    return tqdm.tqdm(desc=desc, unit="batch", dynamic_ncols=True, disable=not sys.stderr.isatty())

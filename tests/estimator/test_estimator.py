@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import estimator as est
+import xla_runtime
 import infeed
 
 D, C = 6, 3
@@ -137,3 +138,67 @@ def test_an_iterable_input_and_host_side_metric_fn(files, tmp_path):
     result = e.evaluate(batches)
     assert result["n"] == 257.0 and result["examples"] == 257
     assert result["host_accuracy"] == pytest.approx(e.evaluate(eval_input(files))["host_accuracy"])
+
+
+def test_host_call_outside_compilation_learning_rate_and_summaries(files, tmp_path):
+    seen, inside = [], []
+
+    def with_host_calls(variables, features, labels, mode, params):
+        spec = model_fn(variables, features, labels, mode, params)
+        est.outside_compilation(lambda n: inside.append(int(n)), labels.shape[0])
+        return est.EstimatorSpec(mode, loss=spec.loss, host_call=(lambda step, loss: seen.append((step, float(loss))),
+                                                                  {"loss": spec.loss}))
+
+    config = est.RunConfig(model_dir=str(tmp_path), iterations_per_loop=10, save_summary_steps=10,
+                           log_step_count_steps=10)
+    e = est.Estimator(with_host_calls, init_fn, optax.inject_hyperparams(optax.adam)(learning_rate=0.01), config,
+                      train_batch_size=32)
+    e.train(train_input(files), max_steps=25)
+    assert [s for s, _ in seen] == list(range(25)) and all(np.isfinite(v) for _, v in seen)
+    assert inside == [32] * 25
+    scalars = est.summaries.read_scalars(tmp_path)
+    assert [s for s, _ in scalars["loss"]] == [10, 20, 25]
+    assert scalars["learning_rate"][0][1] == pytest.approx(0.01)
+    assert "global_step/sec" in scalars and "examples/sec" in scalars
+
+
+def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_checkpoint(files, tmp_path):
+    def nan_after_30(variables, features, labels, mode, params):
+        spec = model_fn(variables, features, labels, mode, params)
+        step = xla_runtime.current_step()
+        return est.EstimatorSpec(mode, loss=jnp.where(step >= 33, jnp.nan, spec.loss))
+
+    config = est.RunConfig(model_dir=str(tmp_path), iterations_per_loop=10, save_checkpoints_steps=10)
+    e = est.Estimator(nan_after_30, init_fn, optax.sgd(0.1), config, train_batch_size=32)
+    with pytest.raises(FloatingPointError, match=r"at step 34 \(in the loop of steps 31\.\.40\).*last checkpoint is step 30"):
+        e.train(train_input(files), max_steps=50)
+    assert e.checkpoints.latest_step() == 30
+
+
+def test_updates_carry_non_trainable_state_and_step_rng_differs_per_step(files, tmp_path):
+    def counting(variables, features, labels, mode, params):
+        spec = model_fn(variables, features, labels, mode, params)
+        noise = jax.random.uniform(est.step_rng(), ())
+        return est.EstimatorSpec(mode, loss=spec.loss, updates={
+            "stats": {"count": variables["stats"]["count"] + 1, "noise_sum": variables["stats"]["noise_sum"] + noise}})
+
+    def init_with_stats(rng, features):
+        return dict(init_fn(rng, features), stats={"count": jnp.zeros((), jnp.int32), "noise_sum": jnp.zeros(())})
+
+    e = est.Estimator(counting, init_with_stats, optax.adam(1e-2), est.RunConfig(model_dir=str(tmp_path),
+                      iterations_per_loop=4), train_batch_size=32)
+    e.train(train_input(files), max_steps=10)
+    stats = e.get_variables()["stats"]
+    assert int(stats["count"]) == 10
+    assert 1.0 < float(stats["noise_sum"]) < 9.0           # ten different uniform draws, not one drawn ten times
+
+
+def test_train_and_evaluate_alternates_and_ends_with_an_evaluation(files, tmp_path):
+    e = make(tmp_path)
+    results = est.train_and_evaluate(e, est.TrainSpec(train_input(files), max_steps=50),
+                                     est.EvalSpec(eval_input(files), every_steps=20, name="held_out"))
+    assert [r["global_step"] for r in results] == [20, 40, 50]
+    assert all(r["examples"] == 257 for r in results)
+    assert [s for s, _ in est.summaries.read_scalars(tmp_path / "eval_held_out")["accuracy"]] == [20, 40, 50]
+    with pytest.raises(ValueError, match="max_steps"):
+        est.TrainSpec(train_input(files), max_steps=0)
