@@ -12,8 +12,11 @@ $(STAMP): setup.py pyproject.toml $(wildcard infeed/*.pyx infeed/*.pxd infeed/*.
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+# The infeed's own check (write, read back, compare every value; ~10 s), then the main job: the estimator
+# trained on scikit-learn's digits through TFRecords and the daemon, evaluated, exported and served.
 demo: $(STAMP)
 	$(BIN)/python -m infeed.demo
+	$(BIN)/python -m estimator.demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

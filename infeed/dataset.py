@@ -29,6 +29,7 @@ Epochs follow each other (``num_epochs=None``: forever); with
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -139,6 +140,23 @@ class Dataset:
                 return None
             found[path] = index
         return found
+
+    def count_records(self) -> int:
+        """The records of one epoch of this host's shard, from ``infeed index`` sidecars where every
+        file has one, else by reading the files' framing (header CRCs and lengths; nothing decoded)."""
+        from infeed.reader import read_records
+
+        indexes = self.indexes()
+        total = 0
+        for path in self.shard_paths():
+            if indexes is not None:
+                total += indexes[path].count
+                continue
+            with contextlib.closing(read_records(path, compression=self.compression,
+                                                 skip_corrupt=self.skip_corrupt)) as reader:
+                while n := reader.skip(1 << 20):
+                    total += n
+        return total if self.shards_by_file else len(range(self.shard_index, total, self.num_shards))
 
     def template(self) -> dict:
         """One batch's arrays (``{name: (shape, dtype)}``) as a ring slot holds them."""
