@@ -27,10 +27,10 @@ import optax
 
 import xla_runtime as xr
 from estimator import metrics as metrics_lib
-from estimator.checkpoints import Checkpoints
+from estimator.checkpoints import Checkpoints, warm_start
 from estimator.config import RunConfig
 from estimator.export import export_model
-from estimator.inputs import Input, split_batch
+from estimator.inputs import Input, fetch, gather_json, local_part, split_batch
 from estimator.progress import StepLogger, batch_bar
 from estimator.spec import EstimatorSpec, ModeKeys
 from estimator.summaries import SummaryWriter
@@ -132,28 +132,46 @@ class Estimator:
             raise TypeError(f"model_fn must return an estimator.EstimatorSpec, got {type(spec).__name__}")
         return spec
 
-    def _new_state(self, first_batch: dict, labels) -> dict:
-        features, _, _ = split_batch(jax.tree.map(lambda x: x[0], first_batch), labels)
-        key = jax.random.key(self.config.seed)
-        variables = self.init_fn(jax.random.fold_in(key, 0), features)
-        if self.warm_start_from:
-            from estimator.checkpoints import warm_start
-            variables = warm_start(self.warm_start_from, variables, self.warm_start_include)
+    def _init_features(self, first_batch: dict, labels):
+        """What ``init_fn`` sees: the first step's features (with several processes, zeros of their
+        global shape, the same on every process, so that every process makes the same variables)."""
+        if jax.process_count() == 1:
+            one = jax.tree.map(lambda x: x[0], first_batch)
+        else:
+            one = jax.tree.map(lambda x: np.zeros(x.shape[1:], x.dtype), first_batch)
+        return split_batch(one, labels)[0]
+
+    def _initial_state(self, variables) -> dict:
         params, _ = _trainable(variables)
         return {"variables": variables, "opt_state": self.optimizer.init(params), "step": jnp.int32(0),
-                "rng": jax.random.key_data(key)}
+                "rng": jax.random.key_data(jax.random.key(self.config.seed))}
+
+    def _init_variables(self, features):
+        """``init_fn``'s variables, compiled as one program (eager, each random draw compiles apart)."""
+        key = jax.random.fold_in(jax.random.key(self.config.seed), 0)
+        try:
+            return jax.jit(self.init_fn)(key, features)
+        except TypeError:                   # variables with non-array leaves (Equinox modules): made eagerly
+            return self.init_fn(key, features)
 
     def _restore_or_init(self, first_batch: dict, labels) -> dict:
+        """The train state: in memory, else the latest checkpoint's, else from ``init_fn`` (and warm start)."""
         if self._state is not None:
             return self._state
-        abstract = jax.eval_shape(lambda b: self._new_state(b, labels), first_batch)
+        features = self._init_features(first_batch, labels)
         if self.checkpoints.latest_step() is not None:
+            abstract = jax.eval_shape(lambda f: self._initial_state(self._init_variables(f)), features)
             replicated = xr.replicated(self.mesh)
             target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), abstract)
             state, _ = self.checkpoints.restore(target)
             _log.info("restored step %d from %s", int(state["step"]), self.checkpoints.latest_path())
             return state
-        return self._new_state(first_batch, labels)
+        variables = self._init_variables(features)
+        if self.warm_start_from:
+            variables = warm_start(self.warm_start_from, variables, self.warm_start_include)
+        state = jax.jit(self._initial_state)(variables)
+        # several processes: host values, which the loop places on the global mesh alike on every process
+        return jax.device_get(state) if jax.process_count() > 1 else state
 
     # --- training ---------------------------------------------------------------------------
     def _train_step(self, labels):
@@ -169,10 +187,11 @@ class Estimator:
                     spec = self._spec(rebuild(p, None), features, batch_labels, ModeKeys.TRAIN)
                 if spec.loss is None:
                     raise ValueError("model_fn must return a loss in TRAIN mode")
+                loss = jnp.mean(spec.loss)            # a scalar, or per-example losses [B]
                 if spec.host_call is not None:
                     self._host_call_fn = spec.host_call[0]       # seen while tracing; called after each loop
                 # the aux must be a pytree of arrays: an EstimatorSpec would carry tracers out of the trace
-                return spec.loss, (spec.updates, spec.host_call[1] if spec.host_call is not None else None)
+                return loss, (spec.updates, spec.host_call[1] if spec.host_call is not None else None)
 
             (loss, (spec_updates, host_tensors)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
             updates, opt_state = optimizer.update(grads, state["opt_state"], params)
@@ -204,9 +223,8 @@ class Estimator:
         if target <= start:
             _log.info("already at step %d >= %d: nothing to train", start, target)
             return self
-        input_state = self.checkpoints.extras().get("input") if self._state is None and start else None
-        if self._state is not None:
-            input_state = self._input_state
+        input_state = self._input_state if self._state is not None else (
+            self._checkpointed_input() if start else None)
         writer = SummaryWriter(cfg.model_dir)
         logger = StepLogger(total_steps=target, every_steps=cfg.log_step_count_steps,
                             examples_per_step=self.batch_sizes[ModeKeys.TRAIN], initial_step=start, desc="train")
@@ -232,10 +250,10 @@ class Estimator:
                     before = after
                     step += n
                     self._after_loop(step - n, n, outputs, logger, writer, last=step >= target)
-                    due = (cfg.checkpoint_every_steps and step - last_ckpt_step >= cfg.checkpoint_every_steps) or (
-                        cfg.save_checkpoints_secs and time.monotonic() - last_ckpt_time >= cfg.save_checkpoints_secs)
-                    if due or step >= target:
-                        self.checkpoints.save(step, state, {"input": input_state, "global_step": step})
+                    if self._checkpoint_due(step - last_ckpt_step, time.monotonic() - last_ckpt_time) or step >= target:
+                        inputs = gather_json(input_state)       # each process's own input position
+                        self.checkpoints.save(step, state, {"input": inputs if len(inputs) > 1 else input_state,
+                                                            "global_step": step})
                         last_ckpt_step, last_ckpt_time = step, time.monotonic()
                     if step >= target:
                         break
@@ -250,11 +268,33 @@ class Estimator:
             writer.close()
         return self
 
+    def _checkpointed_input(self) -> dict | None:
+        """This process's input position in the latest checkpoint (a list of them when several processes wrote it)."""
+        saved = self.checkpoints.extras().get("input")
+        if not isinstance(saved, list):
+            if jax.process_count() > 1 and saved is not None:
+                raise ValueError(f"{self.checkpoints.latest_path()} was written by one process; this run has "
+                                 f"{jax.process_count()}: the input cannot resume where it stood")
+            return saved
+        if len(saved) != jax.process_count():
+            raise ValueError(f"{self.checkpoints.latest_path()} was written by {len(saved)} processes; this run has "
+                             f"{jax.process_count()}: the input cannot resume where it stood")
+        return saved[jax.process_index()]
+
+    def _checkpoint_due(self, steps_since: int, seconds_since: float) -> bool:
+        cfg = self.config
+        if cfg.checkpoint_every_steps:
+            return steps_since >= cfg.checkpoint_every_steps
+        due = seconds_since >= cfg.save_checkpoints_secs
+        if jax.process_count() > 1:           # clocks differ: process 0 decides for all
+            from jax.experimental import multihost_utils
+            due = bool(multihost_utils.broadcast_one_to_all(np.bool_(due)))
+        return due
+
     def _after_loop(self, first: int, n: int, outputs: dict, logger: StepLogger, writer: SummaryWriter,
                     last: bool) -> None:
         """Checks the loss, runs the host_call, logs, and writes summaries (every save_summary_steps and at the end)."""
-        outputs = jax.device_get({k: v for k, v in outputs.items() if k != "host_call"} | (
-            {"host_call": outputs["host_call"]} if "host_call" in outputs else {}))
+        outputs = fetch(outputs)
         losses = np.asarray(outputs["loss"])
         if self.config.stop_on_nan and not np.all(np.isfinite(losses)):
             bad = int(np.flatnonzero(~np.isfinite(losses))[0])
@@ -294,7 +334,10 @@ class Estimator:
                 spec = self._spec(variables, features, batch_labels, ModeKeys.EVAL)
             outputs = {"examples": real.sum()}
             if spec.loss is not None:
+                # per-example losses [B]: the padding rows drop out; a scalar stands for every row of its batch
                 outputs["loss"] = metrics_lib.mean(jnp.broadcast_to(spec.loss, real.shape), weights=real)
+                if jnp.ndim(spec.loss) == 0:
+                    outputs["padded_scalar_loss"] = mask.any()
             if isinstance(spec.eval_metrics, tuple):
                 host_metrics[:] = [spec.eval_metrics[0]]
                 outputs["host_tensors"] = spec.eval_metrics[1]
@@ -313,7 +356,7 @@ class Estimator:
         """
         k = self.config.iterations_per_loop
         host_fn: list = []
-        totals, tensors, done = None, [], 0
+        totals, tensors, done, padded_scalar_loss = None, [], 0, False
         with self._input(input_fn, ModeKeys.EVAL, k) as source, batch_bar("evaluate") as bar:
             variables = None
             loop = xr.compile_loop(self._eval_step(source.labels, host_fn), k, self.mesh, donate_state=False)
@@ -329,9 +372,10 @@ class Estimator:
                 _, outputs = loop(variables, batches)
                 done += n
                 bar.update(n)
-                outputs = jax.device_get(outputs)
+                outputs = fetch(outputs)
                 summed = {key: metrics_lib.sum_over_steps(outputs[key]) for key in ("loss", "metrics") if key in outputs}
                 summed["examples"] = float(np.sum(outputs["examples"]))
+                padded_scalar_loss = padded_scalar_loss or bool(np.any(outputs.get("padded_scalar_loss", False)))
                 totals = summed if totals is None else {
                     key: (totals[key] + value if key == "examples" else metrics_lib.merge_all(totals[key], value))
                     for key, value in summed.items()}
@@ -346,6 +390,10 @@ class Estimator:
         result = {"global_step": self.global_step(), "examples": int(round(totals["examples"]))}
         if "loss" in totals:
             result["loss"] = totals["loss"].result()
+            if padded_scalar_loss:
+                _log.warning("evaluation: model_fn's loss is a scalar, so the loss of a padded batch includes its "
+                             "padding rows; return per-example losses [B] (or mask with est.metrics.current_mask()) "
+                             "for the exact mean")
         if "metrics" in totals:
             result.update(metrics_lib.results(totals["metrics"]))
         if host_fn:
@@ -359,7 +407,8 @@ class Estimator:
 
     def predict(self, input_fn: Callable, yield_single_examples: bool = True) -> Iterator[dict]:
         """Predictions, one dict of numpy values per example in input order, padding removed
-        (``yield_single_examples=False``: one dict of arrays per batch)."""
+        (``yield_single_examples=False``: one dict of arrays per batch). With several processes,
+        each process gets the predictions of its own part of the input."""
         k = self.config.iterations_per_loop
 
         def step(variables, batch):
@@ -367,7 +416,9 @@ class Estimator:
             spec = self._spec(variables, features, None, ModeKeys.PREDICT)
             if not isinstance(spec.predictions, dict):
                 raise ValueError("model_fn must return predictions as a dict in PREDICT mode")
-            return variables, {"predictions": spec.predictions, "mask": mask}
+            by_example = jax.sharding.NamedSharding(self.mesh, xr.P("data"))    # each process reads its own rows
+            return variables, jax.lax.with_sharding_constraint({"predictions": spec.predictions, "mask": mask},
+                                                               by_example)
 
         with self._input(input_fn, ModeKeys.PREDICT, k) as source, batch_bar("predict") as bar:
             labels = source.labels
@@ -379,7 +430,7 @@ class Estimator:
                     if variables is None:
                         variables = self._restore_or_init(batches, labels)["variables"]
                 _, outputs = loop(variables, batches)
-                outputs = jax.device_get(outputs)
+                outputs = local_part(outputs, self.mesh)
                 bar.update(len(outputs["mask"]))
                 for s in range(len(outputs["mask"])):
                     keep = ~np.asarray(outputs["mask"][s])

@@ -8,11 +8,23 @@ fed the same way). Either way a loop sees one flat dict per step: the
 features, the labels (``"labels"`` for an iterable; the Dataset's ``labels``
 features), and for evaluation and prediction ``"is_padding"`` ``[B]``, so the
 last partial batch is padded, never dropped, and its padding masked.
+
+**Several processes** (``jax.distributed``). Each process reads its own part
+of the input: a Dataset with ``num_shards=1`` is sharded by process
+(``shard_index=jax.process_index()``), and an iterable is taken to be this
+process's part already. Every process must then run the same loops, so for
+evaluation and prediction the processes first agree on the number of batches
+(each counts its own: :meth:`infeed.Dataset.count_records`, or the iterable's
+length) and a process whose part is shorter feeds all-padding batches after
+its own, which the mask removes. Training inputs repeat or are long enough:
+a process whose training input ends first stops every process with an error
+from the collective, never a silent hang of the others' loop.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable, Iterator
 
 import jax
@@ -23,7 +35,7 @@ import infeed
 from infeed.dataset import PADDING_KEY
 from xla_runtime import Feeder
 
-__all__ = ["Input", "split_batch", "PADDING_KEY"]
+__all__ = ["Input", "split_batch", "fetch", "local_part", "gather_json", "PADDING_KEY"]
 
 LABELS = "labels"
 
@@ -51,6 +63,7 @@ class Input:
                  workers: int = 2, slots: int = 4):
         self.mesh, self.steps, self.batch_size, self.exact = mesh, steps, batch_size, exact
         self._daemon = None
+        processes = jax.process_count()
         if isinstance(source, infeed.Dataset):
             if source.batch_size != batch_size:
                 raise ValueError(f"input_fn's Dataset has batch_size={source.batch_size}; this mode's per-host "
@@ -58,15 +71,30 @@ class Input:
             changes = {"steps_per_slot": steps}
             if exact:
                 changes.update(final_batch="pad", num_epochs=1)
+            if processes > 1 and source.num_shards == 1:
+                changes.update(shard_index=jax.process_index(), num_shards=processes)
             self.dataset = source.replace(**changes)
             self.labels = self.dataset.labels
             self._daemon = infeed.Daemon(self.dataset, num_workers=workers, slots=slots, state=state)
             host = self._daemon
+            if exact and processes > 1:
+                padding = {name: _zeros(spec) for name, spec in self.dataset.template().items()}
+                padding[PADDING_KEY][:] = True
+                local = -(-self.dataset.count_records() // batch_size)
+                host = _aligned(host, max(_all_processes(local)), steps, padding)
         elif isinstance(source, Iterable):
             if state is not None:
                 raise ValueError("only an infeed.Dataset input can resume where a checkpoint left it")
             self.dataset, self.labels = None, None
-            host = _stacked(iter(source), steps, batch_size, exact)
+            items = iter(source)
+            if exact and processes > 1:
+                items = [_as_batch(item, batch_size, exact) for item in items]
+                total = max(_all_processes(len(items)))
+                if items or total:
+                    padding = jax.tree.map(np.zeros_like, items[0] if items else _no_batch())
+                    padding[PADDING_KEY][:] = True
+                    items = itertools.chain(items, itertools.repeat(padding, total - len(items)))
+            host = _stacked(items, steps, batch_size, exact)
         else:
             raise TypeError(f"input_fn must return an infeed.Dataset or an iterable of (features, labels) batches, "
                             f"got {type(source).__name__}")
@@ -94,6 +122,8 @@ class Input:
 
 
 def _as_batch(item, batch_size: int, exact: bool) -> dict:
+    if isinstance(item, dict) and PADDING_KEY in item:       # already made (several processes: see Input)
+        return item
     try:
         features, labels = item
     except (TypeError, ValueError):
@@ -120,3 +150,80 @@ def _stacked(items: Iterator, steps: int, batch_size: int, exact: bool) -> Itera
         if not chunk:
             return
         yield jax.tree.map(lambda *xs: np.stack(xs), *chunk)
+
+
+def _no_batch():
+    raise ValueError("with several processes, each process's evaluation or prediction input needs at least one "
+                     "batch (its shape is what the others pad with)")
+
+
+def _zeros(spec):
+    """Zero arrays for one batch of a Dataset template entry: ``(shape, dtype)`` or a Padded pair of them."""
+    if isinstance(spec, infeed.Padded):
+        return infeed.Padded(*(np.zeros(shape, dtype) for shape, dtype in spec))
+    shape, dtype = spec
+    return np.zeros(shape, dtype)
+
+
+def _aligned(slots, total: int, steps: int, padding: dict) -> Iterator[dict]:
+    """A Dataset's slots re-cut to ``total`` batches in slots of ``steps`` (the last shorter), the same on
+    every process: this process's own batches, then all-padding ones. Its full slots pass unchanged."""
+    made = 0
+    for slot in slots:
+        have = len(slot[PADDING_KEY])
+        want = min(steps, total - made)
+        if have == want:
+            yield slot
+        else:                                       # this process's last, shorter slot: copied and padded
+            tree = dict(slot)
+            extended = jax.tree.map(lambda x, pad: np.concatenate([x, np.broadcast_to(pad, (want - have,) + pad.shape)]),
+                                    tree, padding)
+            getattr(slot, "release", lambda: None)()
+            yield extended
+        made += want
+    while made < total:
+        want = min(steps, total - made)
+        yield jax.tree.map(lambda pad: np.broadcast_to(pad, (want,) + pad.shape).copy(), padding)
+        made += want
+
+
+def _all_processes(value: int) -> list[int]:
+    """Every process's ``value``, in process order. A collective: every process calls it at the same point."""
+    from jax.experimental import multihost_utils
+    return [int(v) for v in np.asarray(multihost_utils.process_allgather(np.int32(value))).reshape(-1)]
+
+
+def gather_json(obj) -> list:
+    """Every process's JSON-able ``obj``, in process order (a collective; one process: ``[obj]``)."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    size = max(_all_processes(len(data)))
+    padded = np.zeros(size, np.uint8)
+    padded[:len(data)] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(jax.process_count(), size)
+    return [json.loads(bytes(row).rstrip(b"\0")) for row in rows]
+
+
+def fetch(tree):
+    """A pytree of jax.Arrays as numpy, whole: with several processes, an array split across them is
+    gathered (a collective), a replicated one read from this process's copy."""
+    def one(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return np.asarray(x)
+        if x.sharding.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.tree.map(one, tree)
+
+
+def local_part(tree, mesh):
+    """This process's rows of arrays stacked ``[K, B, ...]`` and split over ``data`` on dimension 1
+    (what its own input fed), as numpy."""
+    if jax.process_count() == 1:
+        return fetch(tree)
+    from jax.experimental import multihost_utils
+    local = multihost_utils.global_array_to_host_local_array(tree, mesh, P(None, "data"))
+    return jax.tree.map(np.asarray, local)

@@ -23,8 +23,10 @@ _MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
 class EstimatorSpec:
     """What ``model_fn(variables, features, labels, mode, params)`` returns, traced into the compiled loop.
 
-    loss: a scalar (TRAIN, EVAL): the estimator differentiates it with respect to
-        ``variables["params"]`` when the variables are a dict with ``"params"``, else all of them.
+    loss: a scalar, or the per-example losses ``[B]`` (TRAIN, EVAL): the estimator differentiates
+        their mean with respect to ``variables["params"]`` when the variables are a dict with
+        ``"params"``, else all of them. In evaluation, per-example losses leave the padding rows
+        of the last batch out of the mean; a scalar counts for every row of its batch.
     predictions: a dict of ``[B, ...]`` arrays (PREDICT; also what ``export`` serves).
     eval_metrics: ``{name: est.metrics.*(...)}`` accumulated inside the loop, or
         TPUEstimator's ``(metric_fn, tensors)``: ``metric_fn(**tensors)`` runs on the

@@ -202,3 +202,17 @@ def test_train_and_evaluate_alternates_and_ends_with_an_evaluation(files, tmp_pa
     assert [s for s, _ in est.summaries.read_scalars(tmp_path / "eval_held_out")["accuracy"]] == [20, 40, 50]
     with pytest.raises(ValueError, match="max_steps"):
         est.TrainSpec(train_input(files), max_steps=0)
+
+
+def test_per_example_losses_make_the_evaluation_loss_exact(files, tmp_path):
+    def per_example(variables, features, labels, mode, params):
+        logits = logits_of(variables, features["x"])
+        return est.EstimatorSpec(mode, loss=optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+
+    e = est.Estimator(per_example, init_fn, optax.adam(1e-2), est.RunConfig(model_dir=str(tmp_path),
+                      iterations_per_loop=10), train_batch_size=32, eval_batch_size=64)
+    e.train(train_input(files), max_steps=20)
+    ex, ey = files["eval_arrays"]
+    logits = logits_of(e.get_variables(), ex)
+    want = float(optax.softmax_cross_entropy_with_integer_labels(logits, ey).mean())
+    assert e.evaluate(eval_input(files))["loss"] == pytest.approx(want, rel=1e-5)     # 257 = 4 x 64 + 1: padded
