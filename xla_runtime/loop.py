@@ -74,7 +74,7 @@ def enable_compilation_cache(directory: str) -> None:
 
 def _signature(tree) -> tuple:
     leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(np.shape(x)), np.dtype(getattr(x, "dtype", np.asarray(x).dtype)).str)
+    return treedef, tuple((tuple(np.shape(x)), np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).str)
                           for x in leaves)
 
 
