@@ -170,11 +170,16 @@ class Checkpoints:
                                 f"(complete steps: {steps})")
 
 
-def warm_start(source: str, target, include: str | Sequence[str] | None = None):
+def warm_start(source: str, target, include: str | Sequence[str] | None = None, *, within: tuple[str, ...] = ()):
     """``target`` (a pytree of arrays) with leaves taken from the checkpoint ``source``.
 
-    ``source`` is a checkpoint's directory (``<model_dir>/<step>``) or a
-    ``model_dir`` (its latest checkpoint). A leaf of ``target`` whose key path
+    ``source`` is a checkpoint's directory (``<model_dir>/<step>``), a
+    checkpoints directory (its latest checkpoint), or an export
+    (:meth:`Estimator.export`: its variables, which are the train state's
+    ``variables``; the paths then start at the variables, e.g. ``['params']['w']``).
+    ``within``: where ``target`` lies in a checkpoint's saved tree (the
+    estimator's variables are under ``("variables",)``); exports hold the
+    variables alone. A leaf of ``target`` whose key path
     (``jax.tree_util.keystr``, e.g. ``['params']['dense1']['w']``) matches one of
     the regular expressions ``include`` (``re.search``; every leaf when ``None``)
     takes the checkpoint's value at the same path if its shape and dtype are
@@ -182,13 +187,18 @@ def warm_start(source: str, target, include: str | Sequence[str] | None = None):
     the target's value. What was taken, skipped and missing is logged; nothing
     taken is a ``ValueError``.
     """
+    from estimator.export import is_export, read_exported_variables
+
     path = epath.Path(source)
     if not path.exists():
         raise FileNotFoundError(f"warm-start source {source} does not exist")
-    is_step_dir = path.name.isdigit() and (path / "state").exists()
-    with Checkpoints(path.parent if is_step_dir else path, keep=None, async_save=False) as ckpt:
-        saved, _ = ckpt.restore_numpy(int(path.name) if is_step_dir else None)
-    saved = _by_path(saved)
+    if is_export(source):
+        saved = _by_path(read_exported_variables(source))
+    else:
+        is_step_dir = path.name.isdigit() and (path / "state").exists()
+        with Checkpoints(path.parent if is_step_dir else path, keep=None, async_save=False) as ckpt:
+            saved, _ = ckpt.restore_numpy(int(path.name) if is_step_dir else None)
+        saved = {names[len(within):]: leaf for names, leaf in _by_path(saved).items() if names[:len(within)] == within}
     patterns = [include] if isinstance(include, str) else include
     taken, mismatched, missing = [], [], []
 

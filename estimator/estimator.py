@@ -168,7 +168,10 @@ class Estimator:
             return state
         variables = self._init_variables(features)
         if self.warm_start_from:
-            variables = warm_start(self.warm_start_from, variables, self.warm_start_include)
+            source = self.warm_start_from
+            if os.path.isdir(os.path.join(source, "checkpoints")):          # another run's model_dir
+                source = os.path.join(source, "checkpoints")
+            variables = warm_start(source, variables, self.warm_start_include, within=("variables",))
         state = jax.jit(self._initial_state)(variables)
         # several processes: host values, which the loop places on the global mesh alike on every process
         return jax.device_get(state) if jax.process_count() > 1 else state

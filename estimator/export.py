@@ -218,13 +218,10 @@ class LoadedModel:
             raise ValueError(f"{directory} is not an {FORMAT} directory of version {FORMAT_VERSION}")
         with open(os.path.join(directory, f"{self.signature['name']}.jaxexport"), "rb") as f:
             self.exported = jax_export.deserialize(bytearray(f.read()))
-        specs = self.signature["variables"]
-        with np.load(os.path.join(directory, "variables.npz"), allow_pickle=False) as npz:
-            # bfloat16 and other ml_dtypes come back as raw void bytes: view them as the recorded dtype
-            leaves = [npz[v["key"]].view(jnp.dtype(v["dtype"])) for v in specs]
+        leaves = _read_leaves(directory, self.signature)
         self._leaves = jax.device_put(leaves)
         self._call = jax.jit(self.exported.call)
-        self.variables = _nest([v["path"] for v in specs], leaves)
+        self.variables = _nest([v["path"] for v in self.signature["variables"]], leaves)
 
     def __call__(self, features: Mapping) -> dict[str, np.ndarray]:
         if not isinstance(features, Mapping):
@@ -252,6 +249,29 @@ class LoadedModel:
                         raise ValueError(f"feature {name!r} has {d} = {n} but feature {first[1]!r} has {d} = {first[0]}")
             arrays[name] = x
         return {k: np.asarray(v) for k, v in self._call(self._leaves, arrays).items()}
+
+
+def _read_leaves(directory: str, signature: dict) -> list[np.ndarray]:
+    """The exported variables' leaves in signature order, read without pickle."""
+    with np.load(os.path.join(directory, "variables.npz"), allow_pickle=False) as npz:
+        # bfloat16 and other ml_dtypes come back as raw void bytes: view them as the recorded dtype
+        return [npz[v["key"]].view(jnp.dtype(v["dtype"])) for v in signature["variables"]]
+
+
+def is_export(directory) -> bool:
+    """Whether ``directory`` holds an :func:`export_model` artefact."""
+    return os.path.isfile(os.path.join(os.fspath(directory), "signature.json"))
+
+
+def read_exported_variables(directory):
+    """An export's variables as nested dicts of numpy arrays (see :attr:`LoadedModel.variables`),
+    without loading its program."""
+    directory = os.fspath(directory)
+    with open(os.path.join(directory, "signature.json")) as f:
+        signature = json.load(f)
+    if signature.get("format") != FORMAT or signature.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{directory} is not an {FORMAT} directory of version {FORMAT_VERSION}")
+    return _nest([v["path"] for v in signature["variables"]], _read_leaves(directory, signature))
 
 
 def _show(shape) -> str:

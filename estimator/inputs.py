@@ -76,7 +76,7 @@ class Input:
             self.dataset = source.replace(**changes)
             self.labels = self.dataset.labels
             self._daemon = infeed.Daemon(self.dataset, num_workers=workers, slots=slots, state=state)
-            host = self._daemon
+            host = self._daemon if steps > 1 else _OneStep(self._daemon)
             if exact and processes > 1:
                 padding = {name: _zeros(spec) for name, spec in self.dataset.template().items()}
                 padding[PADDING_KEY][:] = True
@@ -150,6 +150,28 @@ def _stacked(items: Iterator, steps: int, batch_size: int, exact: bool) -> Itera
         if not chunk:
             return
         yield jax.tree.map(lambda *xs: np.stack(xs), *chunk)
+
+
+class _Slot(dict):
+    """A slot's arrays under another shape; ``release`` gives the slot back."""
+
+    def __init__(self, arrays: dict, release):
+        super().__init__(arrays)
+        self.release = release
+
+
+class _OneStep:
+    """A daemon whose slots hold one batch ``[B, ...]``, seen as slots of one step ``[1, B, ...]`` (views)."""
+
+    def __init__(self, daemon):
+        self._daemon = daemon
+
+    def state(self):
+        return self._daemon.state()
+
+    def __iter__(self) -> Iterator[dict]:
+        for batch in self._daemon:
+            yield _Slot(jax.tree.map(lambda x: x[None], dict(batch)), batch.release)
 
 
 def _no_batch():

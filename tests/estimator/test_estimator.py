@@ -216,3 +216,19 @@ def test_per_example_losses_make_the_evaluation_loss_exact(files, tmp_path):
     logits = logits_of(e.get_variables(), ex)
     want = float(optax.softmax_cross_entropy_with_integer_labels(logits, ey).mean())
     assert e.evaluate(eval_input(files))["loss"] == pytest.approx(want, rel=1e-5)     # 257 = 4 x 64 + 1: padded
+
+
+def test_warm_start_from_a_model_dir_or_an_export_takes_the_included_variables(files, tmp_path):
+    source = make(tmp_path / "source").train(train_input(files), max_steps=20)
+    trained = source.get_variables()["params"]
+    fresh = init_fn(jax.random.fold_in(jax.random.key(0), 0), None)["params"]
+    exported = source.export(tmp_path / "export", {"x": est.TensorSpec((None, D), "float32")})
+    for origin, name in ((tmp_path / "source", "from_dir"), (exported, "from_export")):
+        e = est.Estimator(model_fn, init_fn, optax.sgd(0.0), est.RunConfig(model_dir=str(tmp_path / name),
+                          iterations_per_loop=1), train_batch_size=32, warm_start_from=str(origin),
+                          warm_start_include=r"\['(w1|b1)'\]")
+        got = e.train(train_input(files), max_steps=1).get_variables()["params"]
+        np.testing.assert_array_equal(got["w1"], trained["w1"])
+        np.testing.assert_array_equal(got["b1"], trained["b1"])
+        np.testing.assert_allclose(got["w2"], fresh["w2"], rtol=1e-6)
+        assert not np.array_equal(got["w2"], trained["w2"])
