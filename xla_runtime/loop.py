@@ -93,7 +93,14 @@ def _describe_change(kind: str, before, after) -> str:
 
 
 class CompiledLoop:
-    """A step function compiled into loops of ``iterations`` steps (see the module docstring)."""
+    """A step function compiled into loops of ``iterations`` steps (see the module docstring).
+
+    A call costs one ``jax.jit`` dispatch (its C++ path: the compiled program
+    is found by the arguments' shapes and shardings) plus a few microseconds:
+    the checks that give clear errors (structure, shapes, divisibility) run
+    when a program is traced, and the next loop's first step index stays on
+    the device from one call to the next.
+    """
 
     def __init__(self, step: Callable, iterations: int, mesh: Mesh, state_sharding=None,
                  batch_sharding=P("data"), donate_state: bool = True, check_finite: bool = False, unroll: int = 1):
@@ -104,18 +111,29 @@ class CompiledLoop:
         self.step_fn, self.iterations, self.mesh = step, iterations, mesh
         self.donate_state, self.check_finite, self.unroll = donate_state, check_finite, unroll
         self._state_spec, self._batch_spec = state_sharding, batch_sharding
-        self._compiled: dict = {}
-        self._last = None
+        self._jit = None                       # the jitted loop, made at the first call from its shardings
+        self._shardings = None                 # (state shardings, batch shardings) of that call
+        self._traced: dict = {}                # steps -> abstract (state, batches) of each traced program
+        self._executables: dict = {}           # steps -> Compiled, lowered again for inspection only
+        self._last_steps = None
+        self._next_step = None                 # the device scalar steps_run, returned by the last program
+        self._single_process = jax.process_count() == 1
         self._state_signature = None
         #: Global index of the next step to run (host calls see it through ``current_step()``).
         self.steps_run = 0
-        #: Seconds spent compiling, per compiled program.
+        #: Seconds spent tracing and compiling, per compiled program.
         self.compile_seconds: list[float] = []
         #: Seconds from the first call to its results being ready (compilation included), once known.
         self.time_to_first_step: float | None = None
 
     # --- the program ------------------------------------------------------------------------
     def _run(self, state, batches, first_step):
+        """The traced program (this Python body runs once per compiled program, not per call)."""
+        steps = _stacked_steps(batches, self.iterations)
+        self._check_state(state)
+        if self._single_process:
+            self._check_divisible(state, batches)
+        self._traced[steps] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (state, batches))
         step = self.step_fn
 
         def body(carry, batch):
@@ -130,7 +148,7 @@ class CompiledLoop:
             finite = jax.tree.map(
                 lambda x: jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim))) if jnp.issubdtype(x.dtype, jnp.inexact)
                 else jnp.ones(x.shape[:1], bool), outputs)
-        return state, outputs, finite
+        return state, outputs, finite, first_step + steps
 
     def _batch_shardings(self, batches):
         spec = self._batch_spec
@@ -144,60 +162,69 @@ class CompiledLoop:
         return jax.tree.map(lambda s, leaf: jax.tree.map(lambda _: stacked(s), leaf), spec, batches,
                             is_leaf=lambda x: x is None or isinstance(x, (P, NamedSharding)))
 
-    def _shardings(self, state, batches):
-        state_sh = state_shardings(state, self.mesh, self._state_spec)
-        batch_sh = self._batch_shardings(batches)
-        if jax.process_count() == 1:          # with several processes, batches are each host's part
-            for kind, tree, shardings in (("batch", batches, batch_sh), ("state", state, state_sh)):
-                for (path, leaf), sharding in zip(jax.tree_util.tree_flatten_with_path(tree)[0],
-                                                  jax.tree.leaves(shardings)):
-                    check_divisible(f"{kind} leaf {jax.tree_util.keystr(path) or '(root)'}", np.shape(leaf), sharding)
-        return state_sh, batch_sh
-
-    def _compile(self, state, batches, state_sh, batch_sh, steps: int):
-        rep = replicated(self.mesh)
-        fn = jax.jit(self._run, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, None, rep),
-                     donate_argnums=(0,) if self.donate_state else ())
-        began = time.perf_counter()
-        compiled = fn.lower(state, batches, jnp.int32(0)).compile()
-        seconds = time.perf_counter() - began
-        self.compile_seconds.append(seconds)
-        _log.info("compiled a loop of %d steps in %.2f s", steps, seconds)
-        return compiled
-
-    # --- calling ----------------------------------------------------------------------------
-    def __call__(self, state, batches, *, first_step: int | None = None):
-        """Runs one loop: ``batches`` stacked ``[K, B, ...]`` with K <= ``iterations`` (a shorter,
-        final loop compiles once for its size). Returns ``(state, outputs stacked [K, ...])``."""
-        leaves = jax.tree.leaves(batches)
-        if not leaves:
-            raise ValueError("batches is empty: the loop needs at least one array")
-        steps = int(np.shape(leaves[0])[0]) if np.ndim(leaves[0]) else 0
-        for path, leaf in jax.tree_util.tree_flatten_with_path(batches)[0]:
-            if np.ndim(leaf) == 0 or np.shape(leaf)[0] != steps:
-                raise ValueError(f"batch leaf {jax.tree_util.keystr(path)} has shape {np.shape(leaf)}: every leaf "
-                                 f"must stack the same number of steps first (the first leaf has {steps})")
-        if not 1 <= steps <= self.iterations:
-            raise ValueError(f"batches stack {steps} steps; this loop runs 1 to {self.iterations}")
-        raise_host_call_error()             # a host call of an earlier loop failed
+    def _check_state(self, state) -> None:
+        """The state keeps the structure, shapes and dtypes of the first call's (donation and the
+        step function's contract depend on it)."""
         signature = _signature(state)
         if self._state_signature is None:
             self._state_signature = signature
         elif signature != self._state_signature:
             raise ValueError(_describe_change("state", self._state_signature, signature))
-        key = (signature, _signature(batches), steps)
-        entry = self._compiled.get(key)
-        first_call = self.time_to_first_step is None
-        began = time.perf_counter()
-        state_sh, batch_sh = self._shardings(state, batches) if entry is None else entry[1:]
+
+    def _check_divisible(self, state, batches) -> None:
+        state_sh, batch_sh = self._shardings
+        for kind, tree, shardings in (("batch", batches, batch_sh), ("state", state, state_sh)):
+            for (path, leaf), sharding in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(shardings)):
+                check_divisible(f"{kind} leaf {jax.tree_util.keystr(path) or '(root)'}", np.shape(leaf), sharding)
+
+    # --- calling ----------------------------------------------------------------------------
+    def __call__(self, state, batches, *, first_step: int | None = None):
+        """Runs one loop: ``batches`` stacked ``[K, B, ...]`` with K <= ``iterations`` (a shorter,
+        final loop compiles once for its size). Returns ``(state, outputs stacked [K, ...])``."""
+        raise_host_call_error()             # a host call of an earlier loop failed
+        start = self.steps_run if first_step is None else int(first_step)
+        if self._jit is not None and self._single_process:
+            leaves = jax.tree.leaves(batches)
+            if leaves and np.ndim(leaves[0]):
+                step_index = self._next_step if start == self.steps_run and self._next_step is not None \
+                    else np.int32(start)
+                try:
+                    return self._dispatch(state, batches, step_index, start, int(np.shape(leaves[0])[0]))
+                except (TypeError, ValueError):
+                    pass                    # another structure or placement: the checked path explains or places
+        return self._checked_call(state, batches, start)
+
+    def _checked_call(self, state, batches, start: int):
+        """The first call, and any call the fast path refused: every check, then placement and dispatch."""
+        steps = _stacked_steps(batches, self.iterations)
+        self._check_state(state)
+        if self._jit is None:
+            self._shardings = (state_shardings(state, self.mesh, self._state_spec), self._batch_shardings(batches))
+            state_sh, batch_sh = self._shardings
+            rep = replicated(self.mesh)
+            self._jit = jax.jit(self._run, in_shardings=(state_sh, batch_sh, rep),
+                                out_shardings=(state_sh, None, rep, rep),
+                                donate_argnums=(0,) if self.donate_state else ())
+        elif _signature(batches)[0] != jax.tree.structure(self._shardings[1]):
+            raise ValueError(_describe_change("batch", (jax.tree.structure(self._shardings[1]), ()),
+                                              _signature(batches)))
+        if self._single_process:
+            self._check_divisible(state, batches)
+        state_sh, batch_sh = self._shardings
         state = jax.tree.map(lambda x, s: _placed(x, s, local=False), state, state_sh)
         batches = jax.tree.map(lambda x, s: _placed(x, s, local=True), batches, batch_sh)
-        if entry is None:
-            entry = self._compiled[key] = (self._compile(state, batches, state_sh, batch_sh, steps), state_sh, batch_sh)
-        compiled = self._last = entry[0]
-        start = self.steps_run if first_step is None else first_step
-        state, outputs, finite = compiled(state, batches, jnp.int32(start))
-        self.steps_run = start + steps
+        index = np.int32(start) if self._single_process else _placed(np.int32(start), replicated(self.mesh), local=False)
+        return self._dispatch(state, batches, index, start, steps)
+
+    def _dispatch(self, state, batches, step_index, start: int, steps: int):
+        first_call = self.time_to_first_step is None
+        traced = len(self._traced)
+        began = time.perf_counter()
+        state, outputs, finite, self._next_step = self._jit(state, batches, step_index)
+        if len(self._traced) != traced:
+            self.compile_seconds.append(time.perf_counter() - began)
+            _log.info("compiled a loop of %d steps in %.2f s", steps, self.compile_seconds[-1])
+        self.steps_run, self._last_steps = start + steps, steps
         if first_call:
             jax.block_until_ready(state)
             self.time_to_first_step = time.perf_counter() - began
@@ -212,12 +239,16 @@ class CompiledLoop:
     @property
     def compilations(self) -> int:
         """How many programs this loop has compiled (one per distinct shapes and step count)."""
-        return len(self._compiled)
+        return len(self.compile_seconds)
 
     def _executable(self):
-        if self._last is None:
+        if self._last_steps is None:
             raise RuntimeError("the loop has not been compiled yet: call it once first")
-        return self._last
+        steps = self._last_steps
+        if steps not in self._executables:      # lowered again from the traced shapes (the persistent cache helps)
+            state, batches = self._traced[steps]
+            self._executables[steps] = self._jit.lower(state, batches, jax.ShapeDtypeStruct((), jnp.int32)).compile()
+        return self._executables[steps]
 
     def cost_analysis(self):
         """XLA's cost analysis (flops, bytes accessed) of the last program run."""
@@ -230,6 +261,21 @@ class CompiledLoop:
     def as_text(self) -> str:
         """The optimised HLO of the last program run."""
         return self._executable().as_text()
+
+
+def _stacked_steps(batches, iterations: int) -> int:
+    """The steps ``batches`` stack (the same leading dimension on every leaf, 1 to ``iterations``)."""
+    leaves = jax.tree.leaves(batches)
+    if not leaves:
+        raise ValueError("batches is empty: the loop needs at least one array")
+    steps = int(np.shape(leaves[0])[0]) if np.ndim(leaves[0]) else 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(batches)[0]:
+        if np.ndim(leaf) == 0 or np.shape(leaf)[0] != steps:
+            raise ValueError(f"batch leaf {jax.tree_util.keystr(path)} has shape {np.shape(leaf)}: every leaf "
+                             f"must stack the same number of steps first (the first leaf has {steps})")
+    if not 1 <= steps <= iterations:
+        raise ValueError(f"batches stack {steps} steps; this loop runs 1 to {iterations}")
+    return steps
 
 
 def _placed(x, sharding: NamedSharding, local: bool):
