@@ -109,7 +109,8 @@ class Estimator:
         self.checkpoints = Checkpoints(os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoint_max)
         self._state = None                 # the train state on the devices, once made or restored
         self._input_state = None           # where the training input resumes after it
-        self._host_call_fn = None
+        self._host_call_fn = None          # host_call's function, seen when the train step is traced
+        self._metric_fn = None             # eval_metrics' (metric_fn, tensors) function, likewise
         self._loops: dict = {}
 
     # --- helpers ----------------------------------------------------------------------------
@@ -240,10 +241,7 @@ class Estimator:
                 for batches in source:
                     if loop is None:
                         state = self._restore_or_init(batches, source.labels)
-                        key = (ModeKeys.TRAIN, source.labels)     # a loop per label names, compiled once
-                        if key not in self._loops:
-                            self._loops[key] = xr.compile_loop(self._train_step(source.labels), k, self.mesh)
-                        loop = self._loops[key]
+                        loop = self._loop(ModeKeys.TRAIN, source.labels, self._train_step)
                     n = min(k, target - step, jax.tree.leaves(batches)[0].shape[0])
                     if n < jax.tree.leaves(batches)[0].shape[0]:
                         batches = jax.tree.map(lambda x: x[:n], batches)
@@ -329,7 +327,16 @@ class Estimator:
             raise ValueError(f"no checkpoint in {self.config.model_dir} and nothing trained: train first")
         return None
 
-    def _eval_step(self, labels, host_metrics: list):
+    def _loop(self, mode: str, labels, make_step) -> xr.CompiledLoop:
+        """The compiled loop of ``mode``, made once per model_fn and label names (its programs are
+        then compiled once per shape, across train / evaluate / predict calls)."""
+        key = (mode, labels, self.model_fn, self.config.iterations_per_loop)
+        if key not in self._loops:
+            self._loops[key] = xr.compile_loop(make_step(labels), self.config.iterations_per_loop, self.mesh,
+                                               donate_state=mode == ModeKeys.TRAIN)
+        return self._loops[key]
+
+    def _eval_step(self, labels):
         def step(variables, batch):
             features, batch_labels, mask = split_batch(batch, labels)
             real = 1.0 - mask.astype(jnp.float32)
@@ -342,7 +349,7 @@ class Estimator:
                 if jnp.ndim(spec.loss) == 0:
                     outputs["padded_scalar_loss"] = mask.any()
             if isinstance(spec.eval_metrics, tuple):
-                host_metrics[:] = [spec.eval_metrics[0]]
+                self._metric_fn = spec.eval_metrics[0]       # seen while tracing; called after the loops
                 outputs["host_tensors"] = spec.eval_metrics[1]
                 outputs["mask"] = mask
             elif spec.eval_metrics:
@@ -358,11 +365,10 @@ class Estimator:
         real examples only. Returns ``{"loss", "global_step", metric names...}``.
         """
         k = self.config.iterations_per_loop
-        host_fn: list = []
         totals, tensors, done, padded_scalar_loss = None, [], 0, False
         with self._input(input_fn, ModeKeys.EVAL, k) as source, batch_bar("evaluate") as bar:
             variables = None
-            loop = xr.compile_loop(self._eval_step(source.labels, host_fn), k, self.mesh, donate_state=False)
+            loop = self._loop(ModeKeys.EVAL, source.labels, self._eval_step)
             for batches in source:
                 if variables is None:
                     variables = self._variables()
@@ -399,21 +405,16 @@ class Estimator:
                              "for the exact mean")
         if "metrics" in totals:
             result.update(metrics_lib.results(totals["metrics"]))
-        if host_fn:
+        if tensors:
             joined = jax.tree.map(lambda *xs: np.concatenate(xs), *tensors)
-            result.update({k: float(v) for k, v in host_fn[0](**joined).items()})
+            result.update({k: float(v) for k, v in self._metric_fn(**joined).items()})
         with SummaryWriter(os.path.join(self.config.model_dir, f"eval_{name}" if name else "eval")) as writer:
             writer.scalars({k: v for k, v in result.items() if isinstance(v, float)}, result["global_step"])
         _log.info("evaluation at step %d: %s", result["global_step"],
                   ", ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}" for k, v in result.items()))
         return result
 
-    def predict(self, input_fn: Callable, yield_single_examples: bool = True) -> Iterator[dict]:
-        """Predictions, one dict of numpy values per example in input order, padding removed
-        (``yield_single_examples=False``: one dict of arrays per batch). With several processes,
-        each process gets the predictions of its own part of the input."""
-        k = self.config.iterations_per_loop
-
+    def _predict_step(self, labels):
         def step(variables, batch):
             features, _, mask = split_batch(batch, labels)
             spec = self._spec(variables, features, None, ModeKeys.PREDICT)
@@ -422,16 +423,21 @@ class Estimator:
             by_example = jax.sharding.NamedSharding(self.mesh, xr.P("data"))    # each process reads its own rows
             return variables, jax.lax.with_sharding_constraint({"predictions": spec.predictions, "mask": mask},
                                                                by_example)
+        return step
 
-        with self._input(input_fn, ModeKeys.PREDICT, k) as source, batch_bar("predict") as bar:
-            labels = source.labels
-            loop = xr.compile_loop(step, k, self.mesh, donate_state=False)
+    def predict(self, input_fn: Callable, yield_single_examples: bool = True) -> Iterator[dict]:
+        """Predictions, one dict of numpy values per example in input order, padding removed
+        (``yield_single_examples=False``: one dict of arrays per batch). With several processes,
+        each process gets the predictions of its own part of the input."""
+        with self._input(input_fn, ModeKeys.PREDICT, self.config.iterations_per_loop) as source, \
+                batch_bar("predict") as bar:
+            loop = self._loop(ModeKeys.PREDICT, source.labels, self._predict_step)
             variables = None
             for batches in source:
                 if variables is None:
                     variables = self._variables()
                     if variables is None:
-                        variables = self._restore_or_init(batches, labels)["variables"]
+                        variables = self._restore_or_init(batches, source.labels)["variables"]
                 _, outputs = loop(variables, batches)
                 outputs = local_part(outputs, self.mesh)
                 bar.update(len(outputs["mask"]))
