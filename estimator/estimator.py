@@ -407,7 +407,8 @@ class Estimator:
             result.update(metrics_lib.results(totals["metrics"]))
         if tensors:
             joined = jax.tree.map(lambda *xs: np.concatenate(xs), *tensors)
-            result.update({k: float(v) for k, v in self._metric_fn(**joined).items()})
+            values = self._metric_fn(**joined) if isinstance(joined, dict) else self._metric_fn(*joined)
+            result.update({k: float(v) for k, v in values.items()})
         with SummaryWriter(os.path.join(self.config.model_dir, f"eval_{name}" if name else "eval")) as writer:
             writer.scalars({k: v for k, v in result.items() if isinstance(v, float)}, result["global_step"])
         _log.info("evaluation at step %d: %s", result["global_step"],

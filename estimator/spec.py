@@ -29,9 +29,9 @@ class EstimatorSpec:
         of the last batch out of the mean; a scalar counts for every row of its batch.
     predictions: a dict of ``[B, ...]`` arrays (PREDICT; also what ``export`` serves).
     eval_metrics: ``{name: est.metrics.*(...)}`` accumulated inside the loop, or
-        TPUEstimator's ``(metric_fn, tensors)``: ``metric_fn(**tensors)`` runs on the
-        host over every evaluated example's tensors (padding removed) and returns
-        ``{name: value}``.
+        TPUEstimator's ``(metric_fn, tensors)``: ``metric_fn(**tensors)`` (a dict) or
+        ``metric_fn(*tensors)`` (a list) runs on the host over every evaluated example's
+        tensors (padding removed) and returns ``{name: value}``.
     host_call: ``(fn, tensors)``: ``fn(step, **tensors)`` runs on the host for every
         training step, in order, after its loop (tensors stacked by the loop).
     updates: the new values of the non-trainable collections (e.g.

@@ -127,8 +127,9 @@ def _gathered(x):
 
 
 def _emit(fn: Callable, with_step: bool, step, arrays: tuple) -> None:
-    io_callback(functools.partial(_call, fn, with_step), None, _gathered(step), jax.tree.map(_gathered, arrays),
-                ordered=True)
+    # a host function only reads its arguments: no gradient flows through it (and io_callback has no JVP)
+    arrays = jax.tree.map(lambda x: _gathered(jax.lax.stop_gradient(x)), arrays)
+    io_callback(functools.partial(_call, fn, with_step), None, _gathered(step), arrays, ordered=True)
 
 
 def _call(fn: Callable, with_step: bool, step, arrays: tuple) -> None:

@@ -130,7 +130,7 @@ def test_an_iterable_input_and_host_side_metric_fn(files, tmp_path):
         logits = logits_of(variables, features["x"])
         return est.EstimatorSpec(mode, loss=spec.loss, eval_metrics=(
             lambda labels, classes: {"host_accuracy": float(np.mean(labels == classes)), "n": len(labels)},
-            {"labels": labels, "classes": logits.argmax(-1)}))
+            [labels, logits.argmax(-1)]))                         # a list, as TPUEstimator code passes them
 
     e = make(tmp_path)
     e.train(train_input(files), max_steps=30)
@@ -145,7 +145,7 @@ def test_host_call_outside_compilation_learning_rate_and_summaries(files, tmp_pa
 
     def with_host_calls(variables, features, labels, mode, params):
         spec = model_fn(variables, features, labels, mode, params)
-        est.outside_compilation(lambda n: inside.append(int(n)), labels.shape[0])
+        est.outside_compilation(lambda n, loss: inside.append(int(n)), labels.shape[0], spec.loss)  # under grad
         return est.EstimatorSpec(mode, loss=spec.loss, host_call=(lambda step, loss: seen.append((step, float(loss))),
                                                                   {"loss": spec.loss}))
 
