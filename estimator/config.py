@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from jax.sharding import PartitionSpec as P
+
 __all__ = ["RunConfig"]
 
 
@@ -22,6 +24,10 @@ class RunConfig:
     model_dir: checkpoints, TensorBoard events and the exported models go here.
     iterations_per_loop: training steps per compiled loop (one host round trip).
     mesh_shape: device mesh axes, e.g. ``{"data": -1}`` or ``{"data": -1, "model": 2}``.
+    variable_sharding: how the variables (and the optimizer state that mirrors them) are split
+        over the mesh: a rule list ``[(regex, PartitionSpec), ...]`` matched against each leaf's
+        key path (``"['params']['w1']"``; first match wins, no match is replicated), or None
+        (everything replicated: data parallelism alone).
     save_checkpoints_steps / save_checkpoints_secs: checkpoint cadence (at most one of
         them; neither: every 1,000 steps); checkpoints are taken at loop ends.
     keep_checkpoint_max: checkpoints kept (None: all).
@@ -37,6 +43,7 @@ class RunConfig:
     model_dir: str
     iterations_per_loop: int = 100
     mesh_shape: dict = field(default_factory=lambda: {"data": -1})
+    variable_sharding: list | None = None
     save_checkpoints_steps: int | None = None
     save_checkpoints_secs: float | None = None
     keep_checkpoint_max: int | None = 5
@@ -75,6 +82,12 @@ class RunConfig:
             raise ValueError(f"RunConfig.process_id must be an int >= 0 or None, got {self.process_id!r}")
         if not self.distributed and (self.coordinator_address or self.num_processes or self.process_id is not None):
             raise ValueError("RunConfig: coordinator_address, num_processes and process_id need distributed=True")
+        if self.variable_sharding is not None and not (
+                isinstance(self.variable_sharding, list) and all(
+                    isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], str) and isinstance(r[1], P)
+                    for r in self.variable_sharding)):
+            raise ValueError("RunConfig.variable_sharding must be a list of (regex, PartitionSpec) pairs, got "
+                             f"{self.variable_sharding!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"RunConfig.seed must be an int, got {self.seed!r}")
 

@@ -6,9 +6,10 @@ params)`` is pure and is traced into one compiled loop of
 ``iterations_per_loop`` steps (:func:`xla_runtime.compile_loop`), whose
 batches an infeed daemon decodes and a feeder moves to the devices while the
 previous loop runs. The train state, one pytree ``{"variables",
-"opt_state", "step", "rng"}``, is donated and replicated over the mesh; the
-batch is split over its ``data`` axis, so the gradient of the mean loss is
-already the all-reduced mean (no CrossShardOptimizer).
+"opt_state", "step", "rng"}``, is donated and replicated over the mesh (or
+split by ``RunConfig.variable_sharding``); the batch is split over its
+``data`` axis, so the gradient of the mean loss is already the all-reduced
+mean (no CrossShardOptimizer).
 """
 
 from __future__ import annotations
@@ -162,8 +163,8 @@ class Estimator:
         features = self._init_features(first_batch, labels)
         if self.checkpoints.latest_step() is not None:
             abstract = jax.eval_shape(lambda f: self._initial_state(self._init_variables(f)), features)
-            replicated = xr.replicated(self.mesh)
-            target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), abstract)
+            shardings = xr.state_shardings(abstract, self.mesh, self.config.variable_sharding)
+            target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
             state, _ = self.checkpoints.restore(target)
             _log.info("restored step %d from %s", int(state["step"]), self.checkpoints.latest_path())
             return state
@@ -333,6 +334,7 @@ class Estimator:
         key = (mode, labels, self.model_fn, self.config.iterations_per_loop)
         if key not in self._loops:
             self._loops[key] = xr.compile_loop(make_step(labels), self.config.iterations_per_loop, self.mesh,
+                                               state_sharding=self.config.variable_sharding,
                                                donate_state=mode == ModeKeys.TRAIN)
         return self._loops[key]
 

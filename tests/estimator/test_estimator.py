@@ -8,6 +8,7 @@ import pytest
 
 import estimator as est
 import xla_runtime
+from jax.sharding import PartitionSpec as P
 import infeed
 
 D, C = 6, 3
@@ -232,3 +233,22 @@ def test_warm_start_from_a_model_dir_or_an_export_takes_the_included_variables(f
         np.testing.assert_array_equal(got["b1"], trained["b1"])
         np.testing.assert_allclose(got["w2"], fresh["w2"], rtol=1e-6)
         assert not np.array_equal(got["w2"], trained["w2"])
+
+
+def test_variables_split_over_a_model_axis_train_like_replicated_ones(files, tmp_path):
+    rules = [(r"\['w1'\]", P(None, "model")), (r"\['b1'\]", P("model")), (r"\['w2'\]", P("model", None))]
+    results = {}
+    for name, sharding in (("replicated", None), ("split", rules)):
+        config = est.RunConfig(model_dir=str(tmp_path / name), iterations_per_loop=5,
+                               mesh_shape={"data": 4, "model": 2}, variable_sharding=sharding)
+        e = est.Estimator(model_fn, init_fn, optax.adam(1e-2), config, train_batch_size=32, eval_batch_size=64)
+        e.train(train_input(files), max_steps=10)
+        results[name] = (e.get_variables()["params"], e.evaluate(eval_input(files))["accuracy"])
+        if sharding:
+            assert e._state["variables"]["params"]["w1"].sharding.spec == P(None, "model")
+            assert e._state["opt_state"][0].mu["w2"].sharding.spec == P("model", None)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 results["replicated"][0], results["split"][0])
+    assert results["replicated"][1] == results["split"][1]
+    with pytest.raises(ValueError, match="variable_sharding"):
+        est.RunConfig(model_dir=str(tmp_path), variable_sharding={"w1": P("model")})
