@@ -7,6 +7,8 @@ examples (from the repository root):
   python -m bench infeed --workers 1,2,4 --layouts mnist
   python -m bench loop                # compiled loops: steps/s on 1 and 8 CPU devices, ~3 minutes on 2 cores
   python -m bench loop --quick --devices 1 --models tiny
+  python -m bench train               # Estimator.train from TFRecords against compile_loop, 2-5 minutes on 2 cores
+  python -m bench train --quick --devices 1,8 --steps 200
   python -m bench all --json out.json
 """
 
@@ -16,7 +18,7 @@ import argparse
 import shlex
 import sys
 
-from bench import decode, harness, infeed_suite, loop_suite
+from bench import decode, harness, infeed_suite, loop_suite, train_suite
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
@@ -27,7 +29,11 @@ SUITES = {
         args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, scale=args.scale, quick=args.quick,
         repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
     "loop": lambda args: loop_suite.run(
-        args.devices, models=args.models or loop_suite.MODELS, quick=args.quick, repeats=args.repeats),
+        list(args.devices or loop_suite.DEVICES), models=args.models or loop_suite.MODELS, quick=args.quick,
+        repeats=args.repeats),
+    "train": lambda args: train_suite.run(
+        list(args.devices or train_suite.DEVICES), quick=args.quick, repeats=args.repeats, steps=args.steps,
+        data_dir=args.data_dir, seed=args.seed),
 }
 
 
@@ -54,17 +60,22 @@ def parse_args(argv):
                    help=f"one or more of: {', '.join(SUITES)}, all")
     p.add_argument("--quick", action="store_true", help="fewer records and runs (~20 s a suite)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="timed runs per case (default 7, --quick 3; loop: 5, --quick 1)")
+                   help="timed runs per case (default 7, --quick 3; loop, train: 5, --quick 1)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiplies every dataset's record count (default 1; 0.01 for a smoke run)")
     p.add_argument("--layouts", type=lambda s: [x for x in s.split(",") if x], default=None,
                    help="comma-separated layouts (default: all of mnist,criteo,imagenet)")
     p.add_argument("--workers", type=_workers, default=list(infeed_suite.WORKERS),
                    help="infeed: comma-separated daemon worker counts (default: 1,2)")
-    p.add_argument("--devices", type=_counts("device"), default=list(loop_suite.DEVICES),
-                   help="loop: comma-separated CPU device counts, one process each (default: 1,8)")
+    p.add_argument("--devices", type=_counts("device"), default=None,
+                   help="loop, train: comma-separated CPU device counts, one process each (default: loop 1,8; "
+                        "train 1)")
     p.add_argument("--models", type=lambda s: [x for x in s.split(",") if x], default=None,
                    help="loop: comma-separated models (default: all of mlp,tiny)")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"train: steps per train() call, and per run of every pipeline (default "
+                        f"{train_suite.STEPS}, --quick {train_suite.QUICK_STEPS}; whole loops of "
+                        f"{train_suite.ITERATIONS} steps, at least 2)")
     p.add_argument("--json", metavar="PATH", help="also write the figures and machine facts as JSON")
     p.add_argument("--data-dir", metavar="DIR",
                    help="write (and reuse) the datasets here instead of a temporary directory")
@@ -75,6 +86,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be positive, got {args.steps}")
     unknown = sorted(set(args.layouts or ()) - set(decode.datasets.LAYOUTS))
     if unknown:
         p.error(f"unknown layouts {unknown}; known: {', '.join(decode.datasets.LAYOUTS)}")

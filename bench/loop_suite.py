@@ -392,20 +392,22 @@ def _child_env(devices: int) -> dict:
     return env
 
 
-def _run_child(config: dict, timeout: float) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
+def _run_child(config: dict, timeout: float, module: str = "bench.loop_suite", suite: str = SUITE) -> dict:
+    """Runs ``python -m <module> --child <config as JSON>`` on ``config["devices"]`` CPU devices; returns
+    the JSON it wrote to ``config["out"]`` (a temporary file). The ``train`` suite's processes run here too."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-{suite}-") as tmp:
         config = {**config, "out": os.path.join(tmp, "out.json")}
-        cmd = [sys.executable, "-m", "bench.loop_suite", "--child", json.dumps(config)]
+        cmd = [sys.executable, "-m", module, "--child", json.dumps(config)]
         try:
             done = subprocess.run(cmd, env=_child_env(config["devices"]), cwd=str(Path(__file__).resolve().parents[1]),
                                   stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"loop: the {config['devices']}-device measurements took over {timeout:.0f} s "
+            raise RuntimeError(f"{suite}: the {config['devices']}-device measurements took over {timeout:.0f} s "
                                "(killed)") from None
         if done.stdout.strip():
             log(done.stdout.rstrip())
         if done.returncode != 0:
-            raise RuntimeError(f"loop: the {config['devices']}-device measurements failed (exit status "
+            raise RuntimeError(f"{suite}: the {config['devices']}-device measurements failed (exit status "
                                f"{done.returncode}; see the messages above)")
         with open(config["out"]) as f:
             return json.load(f)
