@@ -114,6 +114,7 @@ class CompiledLoop:
         self._jit = None                       # the jitted loop, made at the first call from its shardings
         self._shardings = None                 # (state shardings, batch shardings) of that call
         self._traced: dict = {}                # steps -> abstract (state, batches) of each traced program
+        self._traces = 0                       # programs traced (a retrace for new placements counts too)
         self._executables: dict = {}           # steps -> Compiled, lowered again for inspection only
         self._last_steps = None
         self._next_step = None                 # the device scalar steps_run, returned by the last program
@@ -133,6 +134,7 @@ class CompiledLoop:
         self._check_state(state)
         if self._single_process:
             self._check_divisible(state, batches)
+        self._traces += 1
         self._traced[steps] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (state, batches))
         step = self.step_fn
 
@@ -187,7 +189,7 @@ class CompiledLoop:
             leaves = jax.tree.leaves(batches)
             if leaves and np.ndim(leaves[0]):
                 step_index = self._next_step if start == self.steps_run and self._next_step is not None \
-                    else np.int32(start)
+                    else self._step_index(start)
                 try:
                     return self._dispatch(state, batches, step_index, start, int(np.shape(leaves[0])[0]))
                 except (TypeError, ValueError):
@@ -213,15 +215,19 @@ class CompiledLoop:
         state_sh, batch_sh = self._shardings
         state = jax.tree.map(lambda x, s: _placed(x, s, local=False), state, state_sh)
         batches = jax.tree.map(lambda x, s: _placed(x, s, local=True), batches, batch_sh)
-        index = np.int32(start) if self._single_process else _placed(np.int32(start), replicated(self.mesh), local=False)
-        return self._dispatch(state, batches, index, start, steps)
+        return self._dispatch(state, batches, self._step_index(start), start, steps)
+
+    def _step_index(self, start: int):
+        """``start`` as the program's step-index argument: a replicated device scalar, placed as the
+        programs return it, so a loop that starts at a given step is not traced a second time."""
+        return _placed(np.int32(start), replicated(self.mesh), local=False)
 
     def _dispatch(self, state, batches, step_index, start: int, steps: int):
         first_call = self.time_to_first_step is None
-        traced = len(self._traced)
+        traces = self._traces
         began = time.perf_counter()
         state, outputs, finite, self._next_step = self._jit(state, batches, step_index)
-        if len(self._traced) != traced:
+        if self._traces != traces:
             self.compile_seconds.append(time.perf_counter() - began)
             _log.info("compiled a loop of %d steps in %.2f s", steps, self.compile_seconds[-1])
         self.steps_run, self._last_steps = start + steps, steps
@@ -281,12 +287,18 @@ def _stacked_steps(batches, iterations: int) -> int:
 def _placed(x, sharding: NamedSharding, local: bool):
     """``x`` on ``sharding``: untouched when it already is, else transferred (numpy) or resharded.
 
-    With several processes, a host array is this process's part of the global
-    array when ``local`` (a batch from this host's input), else the whole array,
-    the same on every process (an initial state).
+    A host batch (``local``) of a single process is left to ``jit`` to transfer,
+    as the fast path of later calls does: the placement of the arguments is
+    part of the key of a traced program, and the same placement on every call
+    keeps it to one program per shape. With several processes, a host array is
+    this process's part of the global array when ``local`` (a batch from this
+    host's input), else the whole array, the same on every process (an initial
+    state).
     """
     if isinstance(x, jax.Array):
-        return x if x.sharding.is_equivalent_to(sharding, x.ndim) else jax.device_put(x, sharding)
+        return x if x.sharding == sharding else jax.device_put(x, sharding)
+    if local and jax.process_count() == 1:
+        return x
     if jax.process_count() > 1:
         x = np.asarray(x)
         if local:
