@@ -17,14 +17,15 @@ default 100 steps a loop), training going on from run to run:
   checkpoints kept) except that logging and summaries are set to every loop
   (K steps: the default at K=100). So no checkpoint is due during a run, but
   ``train`` saves one at its end (and waits for it): that cost is in every run
-  (see the timings). Each call starts its own daemon (resuming the input where
-  the previous call left it) and stops it before returning.
+  (see the timings). The input stays open between calls (``train`` keeps an
+  ``infeed.Dataset`` input's daemon and feeder for the next call of the same
+  Dataset), so only the first call, before timing, starts a daemon.
 - ``compile_loop K=k from TFRecords``: what the estimator does, by hand:
   ``infeed.Daemon`` of the same dataset (``steps_per_slot=K``, the same workers,
   slots and memory locking), ``xla_runtime.Feeder(daemon, mesh, P(None,
   "data"))`` and ``xla_runtime.compile_loop(step, K, mesh)`` over its device
-  batches, a new daemon per run resuming the input, the state carried on the
-  devices. ``step`` calls the same ``model_fn`` and takes an Adam step. The
+  batches, one daemon and feeder for every run (as the estimator's), the state
+  carried on the devices. ``step`` calls the same ``model_fn`` and takes an Adam step. The
   difference to the row above is the estimator's own work: its per-loop host
   round trip (the losses fetched, logged, written as summaries), the end
   checkpoint, the event file and logger.
@@ -36,9 +37,9 @@ default 100 steps a loop), training going on from run to run:
   batches, reused), for reference.
 
 The two TFRecord rows are also rated in their ``steady state``: from the end
-of a run's first loop to the end of its last (loops 2..N: the daemon's
-start-up, the first decode and transfer, the end checkpoint and the daemon's
-stop left out). The estimator's loop ends are the times its step logger logs
+of a run's first loop to the end of its last (loops 2..N: the first loop's
+wait for the devices, the end checkpoint and the call's own start and end left
+out). The estimator's loop ends are the times its step logger logs
 them (a ``logging.Handler`` on the ``estimator`` logger); compile_loop's first
 loop end is a ``block_until_ready`` of its outputs. The timings split a run
 into that start, the steady loops and the end, and give the estimator's
@@ -297,7 +298,8 @@ class _EstimatorCase:
 
 
 class _DaemonLoopCase:
-    """compile_loop from the daemon, by hand, a new daemon per run resuming the input; the state carried over."""
+    """compile_loop from the daemon, by hand: one daemon and feeder for every run (as the estimator keeps its
+    training input open between train() calls), the state carried over."""
 
     def __init__(self, loop, dataset, mesh, state, steps: int, k: int, lock_memory: bool):
         self.loop, self.dataset, self.mesh, self.state = loop, dataset, mesh, state
@@ -306,6 +308,8 @@ class _DaemonLoopCase:
         self.start: list[float] = []
         self.steady: list[float] = []
         self.end: list[float] = []
+        self._open = contextlib.ExitStack()
+        self._feeder = None
 
     def train(self, steps: int, keep: bool = False) -> list:
         import jax
@@ -316,20 +320,21 @@ class _DaemonLoopCase:
 
         kept = []
         began = time.perf_counter()
-        with infeed.Daemon(self.dataset, num_workers=WORKERS, slots=SLOTS, state=self.input_state,
-                           lock_memory=self.lock_memory) as daemon, \
-                xr.Feeder(daemon, self.mesh, P(None, "data")) as feeder:
-            state = self.state
-            for i, batches in zip(range(steps // self.k), feeder):
-                state, losses = self.loop(state, batches)
-                if keep:
-                    kept.append(losses)
-                if i == 0:
-                    jax.block_until_ready(losses)
-                    first = time.perf_counter()
-            jax.block_until_ready((state, losses))
-            last = time.perf_counter()
-            self.state, self.input_state = state, feeder.state()
+        if self._feeder is None:
+            daemon = self._open.enter_context(infeed.Daemon(self.dataset, num_workers=WORKERS, slots=SLOTS,
+                                                            lock_memory=self.lock_memory))
+            self._feeder = self._open.enter_context(xr.Feeder(daemon, self.mesh, P(None, "data")))
+        state = self.state
+        for i, batches in zip(range(steps // self.k), self._feeder):
+            state, losses = self.loop(state, batches)
+            if keep:
+                kept.append(losses)
+            if i == 0:
+                jax.block_until_ready(losses)
+                first = time.perf_counter()
+        jax.block_until_ready((state, losses))
+        last = time.perf_counter()
+        self.state, self.input_state = state, self._feeder.state()
         done = time.perf_counter()
         self.start.append(first - began)
         self.steady.append(last - first)
@@ -339,6 +344,9 @@ class _DaemonLoopCase:
     def run(self) -> int:
         self.train(self.steps)
         return self.steps * BATCH
+
+    def close(self) -> None:
+        self._open.close()
 
 
 def _measure(config: dict) -> dict:
@@ -391,7 +399,7 @@ def _measure(config: dict) -> dict:
         ends = stack.enter_context(_LoopEnds())
         run_config = est.RunConfig(model_dir=os.path.join(model_dir, "model"), iterations_per_loop=k,
                                    save_checkpoints_steps=10**9, log_step_count_steps=k, save_summary_steps=k)
-        estimator = est.Estimator(model_fn, init_fn, opt, run_config, train_batch_size=b)
+        estimator = stack.enter_context(est.Estimator(model_fn, init_fn, opt, run_config, train_batch_size=b))
         est_case = _EstimatorCase(estimator, input_fn, steps, k, ends)
         _log(f"train: {group}: the estimator's first train() call ({k} steps: compiling) ...")
         began = time.perf_counter()
@@ -407,6 +415,7 @@ def _measure(config: dict) -> dict:
                     for i in range(k)]
         loop = xr.compile_loop(step, k, mesh)
         cl_case = _DaemonLoopCase(loop, dataset, mesh, fresh(), steps, k, lock_memory=True)
+        stack.callback(cl_case.close)
         mem = _Pipeline(mem_name(k), loop, [slab] * (steps // k), fresh(), k, steps * b)
         py = _Pipeline(PY, jax.jit(step, donate_argnums=0), per_step * (steps // k), fresh(), 1, steps * b)
         began = time.perf_counter()
@@ -554,8 +563,10 @@ def _notes(result: SuiteResult, devices, k: int) -> list[str]:
     out = [f"batches/s = steps/s (one batch of {BATCH} per step); records/s = examples/s; MB/s = decoded input "
            f"bytes per second. Each figure: the median of {p['repeats']} interleaved runs of {p['steps']:,} steps "
            f"(K={k} steps per compiled loop), training going on from run to run; '{STEADY[2:]}': loops 2..N of the "
-           f"same runs ({p['steps'] - k:,} steps), without a run's start (daemon start-up, ring creation and "
-           "mlock, first decode and transfer) and end (the estimator's end checkpoint, the daemon's stop). "
+           f"same runs ({p['steps'] - k:,} steps), without a run's start (its first loop, whose input the daemon "
+           "decoded while nothing ran) and end (the estimator's end checkpoint). The input stays open from run to "
+           "run (the estimator keeps its training input between train() calls; compile_loop's daemon and feeder "
+           "are kept likewise). "
            f"Estimator: RunConfig(iterations_per_loop={k}, save_checkpoints_steps=10**9, log_step_count_steps={k}, "
            f"save_summary_steps={k}), otherwise defaults ({WORKERS} decoding workers, {SLOTS} ring slots of K "
            "batches, memory locked); a checkpoint is saved (and waited for) at the end of every train() call, in "

@@ -19,6 +19,7 @@ import contextvars
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 
 import jax
@@ -113,6 +114,7 @@ class Estimator:
         self._host_call_fn = None          # host_call's function, seen when the train step is traced
         self._metric_fn = None             # eval_metrics' (metric_fn, tensors) function, likewise
         self._loops: dict = {}
+        self._kept_input = None            # finalizer of the training Input kept open between train() calls
 
     # --- helpers ----------------------------------------------------------------------------
     def _host_batch(self, mode: str) -> int:
@@ -122,11 +124,42 @@ class Estimator:
                              "set predict_batch_size (or eval/train batch size) to predict")
         return size // jax.process_count()
 
-    def _input(self, input_fn, mode: str, steps: int, state: dict | None = None) -> Input:
+    def _input(self, input_fn, mode: str, steps: int, state: dict | None = None, reuse: Input | None = None) -> Input:
+        """``input_fn``'s input for ``mode``, resuming at ``state``: ``reuse`` when it continues
+        exactly there (else ``reuse`` is closed), a new one otherwise."""
         batch = self._host_batch(mode)
-        return Input(input_fn(dict(self.params, batch_size=batch)), self.mesh, steps, batch,
-                     exact=mode != ModeKeys.TRAIN, state=state, workers=self.config.infeed_workers,
-                     slots=self.config.infeed_slots)
+        source = input_fn(dict(self.params, batch_size=batch))
+        if reuse is not None:
+            if reuse.continues(source, state):
+                return reuse
+            reuse.close()
+        return Input(source, self.mesh, steps, batch, exact=mode != ModeKeys.TRAIN, state=state,
+                     workers=self.config.infeed_workers, slots=self.config.infeed_slots)
+
+    def _take_kept_input(self) -> Input | None:
+        """The training input the last train() call left open (now the caller's to keep or close)."""
+        kept, self._kept_input = self._kept_input, None
+        detached = kept.detach() if kept is not None else None
+        return detached[2][0] if detached else None
+
+    def _keep_input(self, source: Input) -> None:
+        """Keeps ``source`` open for the next train() call; closed by :meth:`close`, when the
+        Estimator is collected, or at exit."""
+        self._kept_input = weakref.finalize(self, Input.close, source)
+
+    def close(self) -> None:
+        """Stops the training input that ``train`` keeps open between calls (its feeder, the
+        daemon's workers and ring). The Estimator stays usable; the next ``train`` starts a new
+        input where training stands. ``with Estimator(...) as e:`` calls it at the end."""
+        source = self._take_kept_input()
+        if source is not None:
+            source.close()
+
+    def __enter__(self) -> "Estimator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _spec(self, variables, features, labels, mode) -> EstimatorSpec:
         spec = self.model_fn(variables, features, labels, mode, dict(self.params, batch_size=self._host_batch(mode)))
@@ -217,6 +250,13 @@ class Estimator:
         Starts from the latest checkpoint of ``model_dir`` (its variables, optimizer
         state and input position) or from ``init_fn``; checkpoints on the
         RunConfig's cadence and at the end.
+
+        An ``infeed.Dataset`` input stays open when the call returns, its daemon
+        decoding ahead: the next call whose ``input_fn`` gives the same Dataset
+        goes on from it with no start-up (as from a new daemon resuming at the
+        checkpoint's input position: the same batches). Another Dataset, a
+        partial last loop, or :meth:`close` stops it. A call that fails stops
+        it too, and the next call resumes from the latest checkpoint.
         """
         if (steps is None) == (max_steps is None):
             raise ValueError("train needs exactly one of steps and max_steps")
@@ -234,38 +274,48 @@ class Estimator:
         logger = StepLogger(total_steps=target, every_steps=cfg.log_step_count_steps,
                             examples_per_step=self.batch_sizes[ModeKeys.TRAIN], initial_step=start, desc="train")
         last_ckpt_step, last_ckpt_time = start, time.monotonic()
+        source, done = None, False
         try:
-            with self._input(input_fn, ModeKeys.TRAIN, k, input_state) as source:
-                loop = None
-                step = start
-                before = source.state()
-                for batches in source:
-                    if loop is None:
-                        state = self._restore_or_init(batches, source.labels)
-                        loop = self._loop(ModeKeys.TRAIN, source.labels, self._train_step)
-                    n = min(k, target - step, jax.tree.leaves(batches)[0].shape[0])
-                    if n < jax.tree.leaves(batches)[0].shape[0]:
-                        batches = jax.tree.map(lambda x: x[:n], batches)
-                    state, outputs = loop(state, batches, first_step=step)
-                    after = source.state()
-                    input_state = after if n == k or after is None else dict(before, batch=before["batch"] + n)
-                    before = after
-                    step += n
-                    self._after_loop(step - n, n, outputs, logger, writer, last=step >= target)
-                    if self._checkpoint_due(step - last_ckpt_step, time.monotonic() - last_ckpt_time) or step >= target:
-                        inputs = gather_json(input_state)       # each process's own input position
-                        self.checkpoints.save(step, state, {"input": inputs if len(inputs) > 1 else input_state,
-                                                            "global_step": step})
-                        last_ckpt_step, last_ckpt_time = step, time.monotonic()
-                    if step >= target:
-                        break
+            source = self._input(input_fn, ModeKeys.TRAIN, k, input_state, reuse=self._take_kept_input())
+            loop = None
+            step = start
+            before = source.state()
+            for batches in source:
                 if loop is None:
-                    raise ValueError("input_fn gave no batch to train on")
-                self._state, self._input_state = state, input_state
-                if step < target:
-                    _log.warning("the input ended at step %d, before step %d", step, target)
-        finally:
+                    state = self._restore_or_init(batches, source.labels)
+                    loop = self._loop(ModeKeys.TRAIN, source.labels, self._train_step)
+                n = min(k, target - step, jax.tree.leaves(batches)[0].shape[0])
+                if n < jax.tree.leaves(batches)[0].shape[0]:
+                    batches = jax.tree.map(lambda x: x[:n], batches)
+                state, outputs = loop(state, batches, first_step=step)
+                after = source.state()
+                input_state = after if n == k or after is None else dict(before, batch=before["batch"] + n)
+                before = after
+                step += n
+                self._after_loop(step - n, n, outputs, logger, writer, last=step >= target)
+                if self._checkpoint_due(step - last_ckpt_step, time.monotonic() - last_ckpt_time) or step >= target:
+                    inputs = gather_json(input_state)       # each process's own input position
+                    self.checkpoints.save(step, state, {"input": inputs if len(inputs) > 1 else input_state,
+                                                        "global_step": step})
+                    last_ckpt_step, last_ckpt_time = step, time.monotonic()
+                if step >= target:
+                    break
+            if loop is None:
+                raise ValueError("input_fn gave no batch to train on")
+            self._state, self._input_state = state, input_state
+            if step < target:
+                _log.warning("the input ended at step %d, before step %d", step, target)
             self.checkpoints.wait()
+            done = True
+        finally:
+            if done and source.continues_at(input_state):
+                self._keep_input(source)
+            elif source is not None:
+                source.close()
+            if not done:
+                # The state in memory went to a loop that did not finish (donated): go on from the checkpoint.
+                self._state = self._input_state = None
+                self.checkpoints.wait()
             logger.close()
             writer.close()
         return self

@@ -63,6 +63,8 @@ class Input:
                  workers: int = 2, slots: int = 4):
         self.mesh, self.steps, self.batch_size, self.exact = mesh, steps, batch_size, exact
         self._daemon = None
+        self._source = source.to_json() if isinstance(source, infeed.Dataset) else None
+        self.ended = False                  # the iteration ran out: nothing more to take
         processes = jax.process_count()
         if isinstance(source, infeed.Dataset):
             if source.batch_size != batch_size:
@@ -101,11 +103,22 @@ class Input:
         self._feeder = Feeder(host, mesh, P(None, "data"))
 
     def __iter__(self) -> Iterator:
-        return iter(self._feeder)
+        for batch in self._feeder:          # not ``yield from``: it would close the feeder when a loop breaks
+            yield batch
+        self.ended = True                   # not on a break: a loop that stops early may go on later
 
     def state(self) -> dict | None:
         """Where the input resumes after the batches handed out (a Dataset input only)."""
         return self._feeder.state() if self._daemon is not None else None
+
+    def continues_at(self, state: dict | None) -> bool:
+        """Whether this input (a Dataset's, not run out) hands out next the batch where ``state`` resumes."""
+        return self._source is not None and not self.ended and state is not None and self.state() == state
+
+    def continues(self, source, state: dict | None) -> bool:
+        """Whether this input gives what a new one of ``source`` resuming at ``state`` would: the
+        same Dataset (its settings and matched files), standing at ``state``."""
+        return isinstance(source, infeed.Dataset) and source.to_json() == self._source and self.continues_at(state)
 
     def close(self) -> None:
         try:

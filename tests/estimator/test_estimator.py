@@ -1,5 +1,7 @@
 """Estimator on 8 CPU devices: train from TFRecords through the daemon, exact evaluation, prediction, resume."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,6 +176,41 @@ def test_a_nan_loss_stops_training_naming_the_step_and_keeps_the_last_checkpoint
     with pytest.raises(FloatingPointError, match=r"at step 34 \(in the loop of steps 31\.\.40\).*last checkpoint is step 30"):
         e.train(train_input(files), max_steps=50)
     assert e.checkpoints.latest_step() == 30
+    # the state in memory was donated to the loop that failed: the estimator goes on from the checkpoint
+    assert e.global_step() == 30
+    e.model_fn = model_fn
+    assert e.train(train_input(files), max_steps=40).global_step() == 40
+
+
+def test_consecutive_train_calls_go_on_from_one_open_input_and_train_as_one_call(files, tmp_path, monkeypatch):
+    daemons = []
+    start = infeed.Daemon.__init__
+
+    def recorded(daemon, *args, **kwargs):
+        daemons.append(daemon)
+        start(daemon, *args, **kwargs)
+    monkeypatch.setattr(infeed.Daemon, "__init__", recorded)
+    with make(tmp_path / "whole") as whole:
+        want = whole.train(train_input(files), max_steps=45).get_variables()
+    assert len(daemons) == 1 and daemons[0].ring.closed          # ``with`` closed the input train() kept
+    e = make(tmp_path / "split")
+    e.train(train_input(files), steps=20).train(train_input(files), steps=20)
+    assert len(daemons) == 2 and not daemons[1].ring.closed      # the second call took the first's input
+    e.train(train_input(files), steps=5)                         # half a loop: the slot's rest is dropped ...
+    assert len(daemons) == 2 and daemons[1].ring.closed          # ... so the input is not kept
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), want, e.get_variables())
+    e.train(train_input(files), steps=10)
+    assert len(daemons) == 3 and not daemons[2].ring.closed
+    e.evaluate(eval_input(files))                                # evaluation has its own input ...
+    assert len(daemons) == 4 and daemons[3].ring.closed and not daemons[2].ring.closed
+    with pytest.raises(ValueError, match="saved with seed 0"):   # ... and another Dataset replaces the kept one
+        e.train(train_input(files, seed=1), steps=10)
+    assert daemons[2].ring.closed and e.global_step() == 55
+    assert e.train(train_input(files), steps=10).global_step() == 65
+    workers = daemons[-1].worker_pids
+    assert len(daemons) == 6 and not daemons[-1].ring.closed
+    e.close()
+    assert daemons[-1].ring.closed and not any(os.path.exists(f"/proc/{pid}") for pid in workers)
 
 
 def test_updates_carry_non_trainable_state_and_step_rng_differs_per_step(files, tmp_path):

@@ -143,6 +143,24 @@ def test_a_released_slot_can_be_overwritten_at_once(mesh):
             assert not slot.ctypes.data <= shard.data.unsafe_buffer_pointer() < slot.ctypes.data + slot.nbytes
 
 
+def test_host_copies_reuse_memory_only_once_no_device_array_or_computation_uses_it(mesh):
+    """On CPU the device arrays alias the feeder's copies: a copy's memory is reused for a later batch only
+    after every device array on it, and every computation reading it, is gone."""
+    ring = Ring(n=12, slots=2)
+    total = jax.jit(lambda x: x.sum())
+    with Feeder(ring, mesh, P("data"), prefetch=2) as feeder:
+        kept, sums = [], []
+        for k, batch in enumerate(feeder):
+            sums.append(total(batch["x"]))               # in flight; the batch itself dropped unless kept
+            if k % 3 == 0:
+                kept.append((k, batch))
+        buffers = feeder._buffers
+    for k, batch in kept:                               # alive all along: never written over
+        np.testing.assert_array_equal(np.asarray(batch["x"]), np.full((16, 128), k, np.float32))
+    assert [float(s) for s in sums] == [16 * 128 * k for k in range(12)]
+    assert buffers.reused > 0 and buffers.allocated >= 2 * 4
+
+
 def test_transfer_overlaps_compute(mesh):
     n, pause = 8, 0.05
     requested, computed = [], []
