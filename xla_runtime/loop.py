@@ -187,11 +187,12 @@ class CompiledLoop:
         start = self.steps_run if first_step is None else int(first_step)
         if self._jit is not None and self._single_process:
             leaves = jax.tree.leaves(batches)
-            if leaves and np.ndim(leaves[0]):
+            shape = getattr(leaves[0], "shape", ()) if leaves else ()    # arrays: no np.shape call per loop
+            if shape:
                 step_index = self._next_step if start == self.steps_run and self._next_step is not None \
                     else self._step_index(start)
                 try:
-                    return self._dispatch(state, batches, step_index, start, int(np.shape(leaves[0])[0]))
+                    return self._dispatch(state, batches, step_index, start, int(shape[0]))
                 except (TypeError, ValueError):
                     pass                    # another structure or placement: the checked path explains or places
         return self._checked_call(state, batches, start)
