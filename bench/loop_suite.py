@@ -530,14 +530,20 @@ def _notes(result: SuiteResult, models, devices, variants) -> list[str]:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.loop_suite", description="the loop suite's measuring process "
-                                "(run `python -m bench loop` instead)")
+def child_main(module: str, suite: str, child, argv=None) -> int:
+    """The ``main`` of a suite's measuring process (``python -m <module> --child JSON``, see :func:`_run_child`):
+    ``child(config)`` with everything it prints sent to stderr."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=f"the {suite} suite's measuring process "
+                                f"(run `python -m bench {suite}` instead)")
     p.add_argument("--child", required=True, metavar="JSON", help="what to measure (JSON)")
     args = p.parse_args(argv)
     sys.stdout = sys.stderr          # JAX's warnings and our progress: never mixed into the parent's report
-    _child(json.loads(args.child))
+    child(json.loads(args.child))
     return 0
+
+
+def main(argv=None) -> int:
+    return child_main("bench.loop_suite", SUITE, _child, argv)
 
 
 if __name__ == "__main__":

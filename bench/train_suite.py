@@ -75,7 +75,6 @@ the notes and in ``params["compiled_while_timing_s"]``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -89,7 +88,7 @@ from collections.abc import Sequence
 
 from bench import datasets
 from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log
-from bench.loop_suite import _run_child
+from bench.loop_suite import _run_child, child_main
 
 __all__ = ["run", "default_steps", "figure_names", "timing_names", "ratio_targets", "group_name", "cl_name",
            "mem_name", "steady", "DEVICES", "BATCH", "ITERATIONS", "STEPS", "QUICK_STEPS", "WORKERS", "SLOTS", "EST",
@@ -598,13 +597,7 @@ def _notes(result: SuiteResult, devices, k: int) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.train_suite", description="the train suite's measuring "
-                                "process (run `python -m bench train` instead)")
-    p.add_argument("--child", required=True, metavar="JSON", help="what to measure (JSON)")
-    args = p.parse_args(argv)
-    sys.stdout = sys.stderr          # JAX's warnings and our progress: never mixed into the parent's report
-    _child(json.loads(args.child))
-    return 0
+    return child_main("bench.train_suite", SUITE, _child, argv)
 
 
 if __name__ == "__main__":
