@@ -1,4 +1,8 @@
+import json
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 # Multi-device code runs on 8 CPU "devices"; XLA reads this when JAX first starts, so set it before any import.
@@ -17,6 +21,35 @@ def fixtures_dir() -> Path:
     if not (FIXTURES / "expected.json").exists():
         pytest.skip(f"TensorFlow fixtures not found at {FIXTURES} (set INFEED_FIXTURES)")
     return FIXTURES
+
+ROOT = str(Path(__file__).resolve().parents[1])
+
+
+@pytest.fixture
+def run_two_processes():
+    """``run(worker, *args, timeout=)``: runs the Python source ``worker`` in two processes on 4 CPU
+    devices each, with ``sys.argv[1:] == [coordinator address, process id, *args]`` (the project
+    importable), and returns the JSON each printed last, in process order. A failure shows its stderr."""
+    def run(worker: str, *args: str, timeout: float = 120) -> list:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            address = f"localhost:{s.getsockname()[1]}"
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        procs = [subprocess.Popen([sys.executable, "-c", worker, address, str(i), *args], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+        results = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=timeout)
+                assert p.returncode == 0, err[-4000:]
+                results.append(json.loads(out.strip().splitlines()[-1]))
+        finally:
+            for p in procs:
+                p.kill()
+        return results
+    return run
+
 
 # The atheris harness is a program, not a test module (and needs atheris): keep --doctest-modules out of it.
 collect_ignore = ["fuzz/fuzz_infeed.py"]

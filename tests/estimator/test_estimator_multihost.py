@@ -1,10 +1,7 @@
 """Two processes on localhost through jax.distributed (gloo): each reads its shard through its own daemon,
 trains one model, checkpoints and resumes both input positions, evaluates exactly, predicts its own part."""
 
-import json
 import os
-import socket
-import subprocess
 import sys
 import textwrap
 
@@ -15,11 +12,6 @@ import infeed
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 WORKER = textwrap.dedent("""
@@ -56,7 +48,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def test_two_processes_train_resume_evaluate_and_predict(tmp_path):
+def test_two_processes_train_resume_evaluate_and_predict(tmp_path, run_two_processes):
     sys.path.insert(0, HERE)
     from test_estimator import logits_of, make_data
 
@@ -73,20 +65,7 @@ def test_two_processes_train_resume_evaluate_and_predict(tmp_path):
                 w.write(infeed.encode_example({"x": ex[i], "label": [int(ey[i])]}))
 
     segments = set(os.listdir("/dev/shm"))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    address = f"localhost:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, address, str(i), ROOT, str(tmp_path)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=240)
-            assert p.returncode == 0, err[-4000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            p.kill()
+    results = run_two_processes(WORKER, ROOT, str(tmp_path), timeout=240)
 
     first, second = results
     for got in results:                      # one model: the same on both processes, resumed exactly

@@ -1,10 +1,5 @@
 """Feeder: host batches to sharded device arrays on a thread, ahead of the consumer, slots released safely."""
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -15,7 +10,6 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import infeed
-import xla_runtime.feeder
 from xla_runtime.feeder import Feeder
 
 
@@ -322,28 +316,9 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
-
-def test_two_processes_assemble_the_global_batch():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(xla_runtime.feeder.__file__)))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    address = f"localhost:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, address, str(i)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
-    try:
-        results = []
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            p.kill()
+def test_two_processes_assemble_the_global_batch(run_two_processes):
+    results = run_two_processes(WORKER)
     for got in results:
         assert got["sums"] == [float((np.arange(48) + 100 * k).sum()) for k in range(3)]
         assert got["error"] == ("batch leaf 'x' has shape (6, 3): dimension 0 (6) does not divide by the 4 parts "

@@ -1,10 +1,6 @@
 """Two processes on localhost through jax.distributed (gloo): one data-parallel loop over a global mesh."""
 
-import json
 import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -35,13 +31,8 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
-
-def test_two_processes_train_like_one():
+def test_two_processes_train_like_one(run_two_processes):
     from test_loop import K, batches, init, sgd_step
 
     loop = compile_loop(sgd_step, K, make_mesh({"data": -1}))
@@ -50,21 +41,7 @@ def test_two_processes_train_like_one():
     want = jax.device_get(params)
 
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    address = f"localhost:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, address, str(i), here], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            p.kill()
+    results = run_two_processes(WORKER, here)
     for got in results:
         for name, value in want.items():
             np.testing.assert_allclose(np.asarray(got[name]), value, rtol=2e-5, atol=2e-6)
