@@ -1,24 +1,35 @@
-"""Runs benchmark suites, prints their tables and, with --json, saves their figures.
+"""Runs benchmark suites, prints their tables, and saves their figures with a Markdown report and plots.
+
+Every run writes bench-results/<date>-<host>.json (the figures with their
+spread and the machine's facts), a report <date>-<host>.md next to it and its
+plots in <date>-<host>/ (--out DIR, --json PATH or --no-save change that).
+A figure whose runs spread wider than --noise-bound is flagged NOISY.
 
 examples (from the repository root):
+  python -m bench all                 # every suite, ~10 minutes on 2 cores
   python -m bench decode              # ~1 minute with TensorFlow installed
   python -m bench decode --quick      # ~20 seconds: fewer records and runs
-  python -m bench infeed              # the decoding daemon, ~1 minute on 2 cores
-  python -m bench infeed --workers 1,2,4 --layouts mnist
+  python -m bench infeed              # the decoding daemon: workers and ring slots, ~2 minutes on 2 cores
+  python -m bench infeed --workers 1,2,4 --slots 2,8 --layouts mnist
   python -m bench loop                # compiled loops: steps/s on 1 and 8 CPU devices, ~3 minutes on 2 cores
   python -m bench loop --quick --devices 1 --models tiny
   python -m bench train               # Estimator.train from TFRecords against compile_loop, 2-5 minutes on 2 cores
   python -m bench train --quick --devices 1,8 --steps 200
-  python -m bench all --json out.json
+  python -m bench transfer            # on a GPU: host-to-device from a pinned ring slot (skipped on CPU)
+  python -m bench compare bench-results/OLD.json bench-results/NEW.json
+  python -m bench report bench-results/RUN.json     # draw a saved run's report again
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import shlex
 import sys
+import time
 
-from bench import decode, harness, infeed_suite, loop_suite, train_suite
+from bench import compare, decode, harness, infeed_suite, loop_suite, report, train_suite
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
@@ -76,7 +87,15 @@ def parse_args(argv):
                    help=f"train: steps per train() call, and per run of every pipeline (default "
                         f"{train_suite.STEPS}, --quick {train_suite.QUICK_STEPS}; whole loops of "
                         f"{train_suite.ITERATIONS} steps, at least 2)")
-    p.add_argument("--json", metavar="PATH", help="also write the figures and machine facts as JSON")
+    p.add_argument("--out", metavar="DIR", default="bench-results",
+                   help="where the results file, its report and plots go (default bench-results); the files are "
+                        "named <date>-<host>")
+    p.add_argument("--json", metavar="PATH",
+                   help="the results file's path instead (its report and plots go next to it)")
+    p.add_argument("--no-save", action="store_true", help="print the tables only: no results file, no report")
+    p.add_argument("--noise-bound", type=float, default=harness.NOISE_BOUND,
+                   help=f"flag a figure whose runs spread wider than this fraction of its median (default "
+                        f"{harness.NOISE_BOUND:g})")
     p.add_argument("--data-dir", metavar="DIR",
                    help="write (and reuse) the datasets here instead of a temporary directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated datasets (default 0)")
@@ -96,29 +115,63 @@ def parse_args(argv):
         p.error(f"unknown models {unknown}; known: {', '.join(loop_suite.MODELS)}")
     if not args.scale > 0:
         p.error(f"--scale must be positive, got {args.scale}")
+    if not args.noise_bound > 0:
+        p.error(f"--noise-bound must be positive, got {args.noise_bound}")
     return args
+
+
+def results_path(args) -> str | None:
+    """Where the run's results file goes: ``--json``, else ``<--out>/<date>-<host>.json``; None with
+    ``--no-save``."""
+    if args.no_save:
+        return None
+    if args.json:
+        return args.json
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in platform.node().split(".")[0]) or "host"
+    return os.path.join(args.out, f"{time.strftime('%Y-%m-%d-%H%M%S')}-{host}.json")
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
     args = parse_args(argv)
     names = list(SUITES) if "all" in args.suites else list(dict.fromkeys(args.suites))
     command = shlex.join(["python", "-m", "bench", *argv])
     print(f"reproduce: {command}")
-    machine = harness.machine_facts()
+    machine = {**harness.machine_facts(), **harness.jax_devices()}
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()), flush=True)
     results = []
-    for name in names:
+    started = time.perf_counter()
+    for i, name in enumerate(names, 1):
+        harness.log(f"[{i}/{len(names)}] {name}: starting ({_elapsed(started)} elapsed)")
+        began = time.perf_counter()
         result = SUITES[name](args)
+        result.noise_bound = args.noise_bound
         results.append(result)
+        harness.log(f"[{i}/{len(names)}] {name}: done in {_elapsed(began)} ({len(result.figures)} figures, "
+                    f"{len(result.noisy())} flagged)")
         print()
         print(harness.format_result(result), flush=True)
-    if args.json:
+    path = results_path(args)
+    if path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tf_versions = {r.params.get("tensorflow") for r in results} - {None}
-        harness.write_json(args.json, command, {**machine, "tensorflow": ", ".join(sorted(tf_versions)) or None},
+        harness.write_json(path, command, {**machine, "tensorflow": ", ".join(sorted(tf_versions)) or None},
                            results)
-        print(f"\nwrote {args.json}")
+        md, plots = report.write_report(path)
+        print(f"\nwrote {path}, the report {md}" + (f" and {len(plots)} plots" if plots else
+                                                     " (no plots: pip install -e .[bench] adds matplotlib)"))
     return 0
+
+
+def _elapsed(since: float) -> str:
+    s = int(time.perf_counter() - since)
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+#: ``python -m bench compare OLD NEW`` and ``python -m bench report RESULTS``.
+SUBCOMMANDS = {"compare": lambda argv: compare.main(argv), "report": lambda argv: report.main(argv)}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ samples, with an upper bound as its target.  A suite returns a
 :func:`format_result` prints and :func:`write_json` saves with the facts of the
 machine.
 
+Every figure carries its spread, ``(max - min) / median`` of its repeats; one
+wider than the run's noise bound (:data:`NOISE_BOUND`, ``--noise-bound``), or
+measured once, is flagged ``NOISY`` / ``1 run`` wherever it is printed or
+saved, and so is a ratio of such a figure: a noisy machine shows as one.
+
 >>> case = Case("sum", lambda: sum(range(1000)) and 1000, records=1000, nbytes=8000)
 >>> [fig] = [m.figure("doc", "demo") for m in interleave([case], repeats=3)]
 >>> fig.repeats
@@ -34,12 +39,26 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = [
     "Case", "Measurement", "Figure", "Timing", "Ratio", "SuiteResult", "interleave", "pinned_to_one_cpu",
-    "settle_allocator", "machine_facts", "format_result", "format_table", "format_timings", "format_ratios",
-    "write_json", "log",
+    "settle_allocator", "machine_facts", "jax_devices", "format_result", "format_table", "format_timings", "format_ratios",
+    "write_json", "log", "NOISE_BOUND", "noise_flag",
 ]
 
 #: The JSON layout's version; bump it when a field changes meaning.
 JSON_VERSION = 1
+
+#: The widest spread ((max - min) / median of the repeats) a figure may have without being flagged as noisy.
+NOISE_BOUND = 0.10
+
+#: Timings with at least this many samples are distributions (a latency's): their p90 shows their spread, and
+#: the median of so many samples is not flagged.
+DISTRIBUTION_SAMPLES = 10
+
+
+def noise_flag(spread: float | None, runs: int, bound: float) -> str:
+    """``""`` for a figure within ``bound``; ``"NOISY"`` past it; ``"1 run"`` when no spread was measured."""
+    if runs < 2:
+        return "1 run"
+    return "NOISY" if spread is not None and spread > bound else ""
 
 
 def log(message: str) -> None:
@@ -108,9 +127,18 @@ class Figure:
         """Median MB (10**6 bytes) per second."""
         return self.nbytes / self.seconds_median / 1e6
 
+    @property
+    def spread(self) -> float:
+        """``(max - min) / median`` of the repeats' seconds (0 for one run)."""
+        return (self.seconds_max - self.seconds_min) / self.seconds_median
+
+    def noise(self, bound: float = NOISE_BOUND) -> str:
+        """:func:`noise_flag` of this figure."""
+        return noise_flag(self.spread, self.repeats, bound)
+
     def to_json(self) -> dict:
         out = asdict(self)
-        out.update(records_per_s=self.records_per_s, mb_per_s=self.mb_per_s,
+        out.update(records_per_s=self.records_per_s, mb_per_s=self.mb_per_s, spread=self.spread,
                    records_per_s_min=self.records / self.seconds_max,
                    records_per_s_max=self.records / self.seconds_min)
         if self.batches is not None:
@@ -157,8 +185,20 @@ class Timing:
     def met(self) -> bool | None:
         return None if self.target_max is None else self.median < self.target_max
 
+    @property
+    def spread(self) -> float | None:
+        """``(max - min) / median`` of the samples; None for a distribution (:data:`DISTRIBUTION_SAMPLES` or
+        more samples: its p90 is its spread) or a zero median."""
+        if self.samples >= DISTRIBUTION_SAMPLES or not self.median:
+            return None
+        return (self.max - self.min) / abs(self.median)
+
+    def noise(self, bound: float = NOISE_BOUND) -> str:
+        """:func:`noise_flag` of this timing (a distribution is never flagged)."""
+        return "" if self.samples >= DISTRIBUTION_SAMPLES else noise_flag(self.spread, self.samples, bound)
+
     def to_json(self) -> dict:
-        return {**asdict(self), "met": self.met}
+        return {**asdict(self), "met": self.met, "spread": self.spread}
 
 
 @dataclass(frozen=True)
@@ -197,6 +237,7 @@ class SuiteResult:
     group_label: str = "group"      # what the table's first column calls Figure.group
     name_label: str = "case"        # and its second, Figure.name
     timings: list[Timing] = field(default_factory=list)
+    noise_bound: float = NOISE_BOUND    # see noise_flag
 
     def figure(self, group: str, name: str) -> Figure:
         for f in self.figures:
@@ -210,11 +251,29 @@ class SuiteResult:
                 return t
         raise KeyError((group, name))
 
+    def ratio_noise(self, ratio: Ratio) -> str:
+        """``"NOISY"`` when a figure the ratio divides (``"A / B"``, in its group) is flagged, else ``""``."""
+        names = ratio.name.split(" / ")
+        figures = [f for f in self.figures if f.group == ratio.group and f.name in names]
+        return "NOISY" if any(f.noise(self.noise_bound) for f in figures) else ""
+
+    def noisy(self) -> list[str]:
+        """What is flagged: ``"group: name (flag, spread)"`` for each figure and timing past the bound."""
+        out = []
+        for x in [*self.figures, *self.timings]:
+            flag = x.noise(self.noise_bound)
+            if flag:
+                out.append(f"{x.group}: {x.name} ({flag}" + (f", spread {x.spread:.0%})" if flag == "NOISY" else ")"))
+        return out
+
     def to_json(self) -> dict:
-        out = {"suite": self.suite, "params": self.params, "notes": self.notes,
-               "figures": [f.to_json() for f in self.figures], "ratios": [r.to_json() for r in self.ratios]}
+        b = self.noise_bound
+        out = {"suite": self.suite, "params": self.params, "notes": self.notes, "noise_bound": b,
+               "group_label": self.group_label, "name_label": self.name_label,
+               "figures": [{**f.to_json(), "noise": f.noise(b)} for f in self.figures],
+               "ratios": [{**r.to_json(), "noise": self.ratio_noise(r)} for r in self.ratios]}
         if self.timings:
-            out["timings"] = [t.to_json() for t in self.timings]
+            out["timings"] = [{**t.to_json(), "noise": t.noise(b)} for t in self.timings]
         return out
 
 
@@ -312,18 +371,64 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _versions(*packages: str) -> dict:
+    """Installed versions, read from the package metadata (nothing is imported: this process stays free of
+    JAX, whose devices the suites' own processes choose)."""
+    from importlib import metadata
+
+    out = {}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def jax_devices(timeout: float = 120.0) -> dict:
+    """JAX's default backend and devices as a fresh process sees them (``{"backend": ..., "devices": [...]}``),
+    or ``{"backend": None, "error": ...}``. A separate process: importing JAX here would fix its devices for
+    the suites that set their own."""
+    import subprocess
+
+    code = ("import json, jax; print(json.dumps({'backend': jax.default_backend(), "
+            "'devices': sorted({f'{len(jax.devices())} x {d.device_kind}' for d in jax.devices()})}))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+        if done.returncode == 0:
+            return json.loads(done.stdout.strip().splitlines()[-1])
+        err = (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1]
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        err = str(e)
+    return {"backend": None, "error": err[:300]}
+
+
 def machine_facts(extra: dict | None = None) -> dict:
-    """CPU model, cores, load, OS and library versions: what a figure depends on."""
+    """CPU model, cores, memory, load, OS and library versions: what a figure depends on."""
     import numpy as np
 
     facts = {
+        "host": platform.node(),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "memory_gib": _memory_gib(),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "platform": platform.platform(),
         "python": platform.python_version(),
         "numpy": np.__version__,
+        **_versions("jax", "jaxlib", "optax", "orbax-checkpoint", "pyarrow"),
     }
     try:
         from infeed import _tfrecord
@@ -348,18 +453,26 @@ def _columns(head: Sequence[str], rows: Sequence[Sequence[str]], left: set[int])
     return "\n".join([line(head), "  ".join("-" * w for w in widths), *map(line, rows)])
 
 
-def format_table(figures: Sequence[Figure], group_label: str = "group", name_label: str = "case") -> str:
-    """A fixed-width table: one row per figure, medians first, then the spread and the repeat count.
+def _spread(x, bound: float) -> str:
+    flag = x.noise(bound)
+    shown = "" if x.spread is None or flag == "1 run" else f"{x.spread:.0%}"
+    return " ".join(filter(None, [shown, flag]))
+
+
+def format_table(figures: Sequence[Figure], group_label: str = "group", name_label: str = "case",
+                 noise_bound: float = NOISE_BOUND) -> str:
+    """A fixed-width table: one row per figure, medians first, then the range, the spread (flagged past
+    ``noise_bound``) and the repeat count.
 
     A batches/s column appears when some figure counts batches.
     """
     with_batches = any(f.batches is not None for f in figures)
     head = (group_label, name_label, "records/s", "MB/s", *(["batches/s"] if with_batches else []),
-            "records/s min..max", "runs", "records")
+            "records/s min..max", "spread", "runs", "records")
     rows = [(f.group, f.name, _rate(f.records_per_s), _rate(f.mb_per_s),
              *([] if not with_batches else ["" if f.batches is None else _rate(f.batches_per_s)]),
              f"{_rate(f.records / f.seconds_max)}..{_rate(f.records / f.seconds_min)}",
-             str(f.repeats), f"{f.records:,}") for f in figures]
+             _spread(f, noise_bound), str(f.repeats), f"{f.records:,}") for f in figures]
     return _columns(head, rows, {0, 1})
 
 
@@ -367,35 +480,46 @@ def _amount(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.1f}" if abs(x) >= 10 else f"{x:,.2f}"
 
 
-def format_timings(timings: Sequence[Timing], group_label: str = "group") -> str:
-    """A fixed-width table of timings: median, p90, range, sample count and the target, if any."""
-    head = (group_label, "timing", "unit", "median", "p90", "min..max", "samples", "target")
+def format_timings(timings: Sequence[Timing], group_label: str = "group", noise_bound: float = NOISE_BOUND) -> str:
+    """A fixed-width table of timings: median, p90, range, spread, sample count and the target, if any."""
+    head = (group_label, "timing", "unit", "median", "p90", "min..max", "spread", "samples", "target")
     rows = [(t.group, t.name, t.unit, _amount(t.median), _amount(t.p90), f"{_amount(t.min)}..{_amount(t.max)}",
-             str(t.samples),
+             _spread(t, noise_bound), str(t.samples),
              "" if t.target_max is None else f"< {t.target_max:g} {t.unit}: {'met' if t.met else 'MISSED'}")
             for t in timings]
-    return _columns(head, rows, {0, 1, 2, 7})
+    return _columns(head, rows, {0, 1, 2, 8})
 
 
-def format_ratios(ratios: Sequence[Ratio]) -> str:
-    """One line per ratio, aligned, with its target and whether it is met."""
+def target_text(r: Ratio) -> str:
+    """``"target >= 0.9x: met"`` (``>`` for a strict target); ``""`` without a target."""
+    op = ">" if r.strict else ">="
+    return "" if r.target is None else f"target {op} {r.target:g}x: {'met' if r.met else 'MISSED'}"
+
+
+def format_ratios(ratios: Sequence[Ratio], noise: Callable[[Ratio], str] = lambda r: "") -> str:
+    """One line per ratio, aligned, with its target, whether it is met, and ``noise(ratio)``'s flag."""
     gw = max(len(r.group) for r in ratios)
     nw = max(len(r.name) for r in ratios)
 
     def line(r):
-        op = ">" if r.strict else ">="
-        target = "" if r.target is None else f"  target {op} {r.target:g}x: {'met' if r.met else 'MISSED'}"
-        return f"{r.group:<{gw}}  {r.name:<{nw}}  {r.value:6.2f}x{target}"
+        tail = "  ".join(filter(None, [target_text(r), f"({noise(r)})" if noise(r) else ""]))
+        return f"{r.group:<{gw}}  {r.name:<{nw}}  {r.value:6.2f}x" + (f"  {tail}" if tail else "")
 
     return "\n".join(map(line, ratios))
 
 
 def format_result(result: SuiteResult) -> str:
-    parts = [f"== {result.suite} ==", format_table(result.figures, result.group_label, result.name_label)]
+    b = result.noise_bound
+    parts = [f"== {result.suite} ==", format_table(result.figures, result.group_label, result.name_label, b)]
     if result.timings:
-        parts += ["", "timings (lower is better):", format_timings(result.timings, result.group_label)]
+        parts += ["", "timings (lower is better):", format_timings(result.timings, result.group_label, b)]
     if result.ratios:
-        parts += ["", "ratios of medians (higher is better):", format_ratios(result.ratios)]
+        parts += ["", "ratios of medians (higher is better):", format_ratios(result.ratios, result.ratio_noise)]
+    noisy = result.noisy()
+    if noisy:
+        parts += ["", f"flagged: {len(noisy)} of {len(result.figures) + len(result.timings)} figures spread wider "
+                      f"than {b:.0%} of their median (NOISY) or ran once (1 run): rerun them on a quieter machine "
+                      f"or with more --repeats before quoting them: " + "; ".join(noisy)]
     if result.notes:
         parts += ["", *result.notes]
     return "\n".join(parts)

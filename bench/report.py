@@ -1,0 +1,172 @@
+"""The Markdown report of a results file: the machine, the headline ratios, each suite's tables, notes and plots.
+
+    python -m bench report bench-results/2026-11-23-120501-myhost.json
+
+writes ``<results>.md`` and its plots in ``<results>/`` (PNG, see
+:mod:`bench.plots`) next to the results file; ``python -m bench`` does the
+same after every run. It reads only the results file, so a report can be
+drawn again, or on another machine, from a saved run. Without matplotlib
+(``pip install -e .[bench]``) the report has every table and says how to get
+the plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+__all__ = ["write_report", "render", "load", "main"]
+
+
+def load(path) -> dict:
+    """A results file :func:`bench.harness.write_json` wrote (a clear error for anything else)."""
+    with open(path) as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not a results file (invalid JSON: {e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("suites"), dict) or "version" not in doc:
+        raise ValueError(f"{path}: not a results file of python -m bench (no 'version' and 'suites')")
+    return doc
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return ""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.1f}" if abs(x) >= 10 else f"{x:,.2f}"
+
+
+def _cell(x) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence]) -> list[str]:
+    return ["| " + " | ".join(map(_cell, head)) + " |", "|" + "|".join("---" for _ in head) + "|",
+            *("| " + " | ".join(map(_cell, r)) + " |" for r in rows)]
+
+
+def _target(r: Mapping) -> str:
+    if r.get("target") is None:
+        return ""
+    return f"{'>' if r.get('strict') else '>='} {r['target']:g}x: {'met' if r.get('met') else '**MISSED**'}"
+
+
+def _spread(x: Mapping) -> str:
+    flag = x.get("noise") or ""
+    shown = "" if x.get("spread") is None or flag == "1 run" else f"{x['spread']:.0%}"
+    return " ".join(filter(None, [shown, f"**{flag}**" if flag else ""]))
+
+
+def _figures(suite: Mapping) -> list[str]:
+    figs = suite.get("figures", [])
+    batches = any(f.get("batches_per_s") is not None for f in figs)
+    head = [suite.get("group_label", "group"), suite.get("name_label", "case"), "records/s", "MB/s",
+            *(["batches/s"] if batches else []), "records/s min..max", "spread", "runs"]
+    rows = [[f["group"], f["name"], _num(f["records_per_s"]), _num(f["mb_per_s"]),
+             *([_num(f.get("batches_per_s"))] if batches else []),
+             f"{_num(f['records_per_s_min'])}..{_num(f['records_per_s_max'])}", _spread(f), f["repeats"]]
+            for f in figs]
+    return _table(head, rows)
+
+
+def _timings(suite: Mapping) -> list[str]:
+    head = [suite.get("group_label", "group"), "timing (lower is better)", "median", "p90", "min..max", "spread",
+            "samples", "target"]
+    rows = [[t["group"], t["name"], f"{_num(t['median'])} {t['unit']}", _num(t["p90"]),
+             f"{_num(t['min'])}..{_num(t['max'])}", _spread(t), t["samples"],
+             "" if t.get("target_max") is None else
+             f"< {t['target_max']:g} {t['unit']}: {'met' if t.get('met') else '**MISSED**'}"]
+            for t in suite.get("timings", [])]
+    return _table(head, rows)
+
+
+def _ratios(ratios: Sequence[Mapping], with_suite: bool = False) -> list[str]:
+    head = [*(["suite"] if with_suite else []), "group", "ratio of medians (higher is better)", "value", "target",
+            "noise"]
+    rows = [[*([r["suite"]] if with_suite else []), r["group"], r["name"], f"{r['value']:.2f}x", _target(r),
+             r.get("noise", "")] for r in ratios]
+    return _table(head, rows)
+
+
+def render(doc: Mapping, plots: Mapping[str, tuple[str, str]], missing_plots: str | None = None) -> str:
+    """The report's Markdown; ``plots``: plot stem -> (its suite, the PNG's path relative to the report)."""
+    suites = doc["suites"]
+    out = [f"# Benchmark report, {doc.get('created', '')}", "",
+           f"Reproduce: `{doc.get('command', 'python -m bench all')}` (then `python -m bench compare OLD.json "
+           "NEW.json` to compare two runs).", "",
+           "Every figure is the median of its runs, after a warm-up, with cases interleaved (A B A B). A figure "
+           "whose runs spread wider than the noise bound (max - min over the median) is flagged **NOISY**, one "
+           "measured once **1 run**, and so is a ratio of such a figure: rerun those on a quieter machine or with "
+           "more `--repeats` before quoting them.", "", "## Machine", ""]
+    out += _table(["fact", "value"], [[k, v] for k, v in doc.get("machine", {}).items()])
+    headline = [r for s in suites.values() for r in s.get("ratios", []) if r.get("target") is not None]
+    if headline:
+        met = sum(bool(r.get("met")) for r in headline)
+        out += ["", "## Headline: the targets", "", f"{met} of {len(headline)} targets met.", ""]
+        out += _ratios(headline, with_suite=True)
+    if missing_plots:
+        out += ["", f"_No plots: {missing_plots}_"]
+    for name, suite in suites.items():
+        out += ["", f"## {name}", ""]
+        for stem, (of, rel) in plots.items():
+            if of == name:
+                out += [f"![{stem}]({rel})", ""]
+        out += _figures(suite)
+        if suite.get("timings"):
+            out += [""] + _timings(suite)
+        if suite.get("ratios"):
+            out += [""] + _ratios(suite["ratios"])
+        bound = suite.get("noise_bound")
+        flagged = [x for x in [*suite.get("figures", []), *suite.get("timings", [])] if x.get("noise")]
+        if bound is not None:
+            out += ["", f"Noise bound {bound:.0%}: {len(flagged)} figure(s) flagged."]
+        if suite.get("notes"):
+            out += [""] + [f"- {n}" for n in suite["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def write_report(results_path) -> tuple[str, list[str]]:
+    """Writes the report of ``results_path`` (``X.json`` -> ``X.md`` and ``X/*.png``); returns the report's
+    path and the plots written."""
+    doc = load(results_path)
+    stem = os.path.splitext(os.fspath(results_path))[0]
+    plot_dir = stem
+    written: dict[str, tuple[str, str]] = {}
+    missing = None
+    try:
+        from bench import plots
+    except ImportError as e:
+        missing = f"matplotlib is not installed ({e}); `pip install -e .[bench]` adds it."
+    else:
+        os.makedirs(plot_dir, exist_ok=True)
+        for name, (suite, draw) in plots.PLOTS.items():
+            fig = draw(doc["suites"])
+            if fig is None:
+                continue
+            path = os.path.join(plot_dir, f"{name}.png")
+            plots.save(fig, path)
+            written[name] = (suite, os.path.relpath(path, os.path.dirname(stem) or "."))
+    md = f"{stem}.md"
+    tmp = f"{md}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(render(doc, written, missing))
+    os.replace(tmp, md)
+    return md, [os.path.join(os.path.dirname(stem), rel) for _, rel in written.values()]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench report",
+                                description="Writes the Markdown report (and plots) of saved results.")
+    p.add_argument("results", nargs="+", help="results files written by python -m bench")
+    args = p.parse_args(argv)
+    for path in args.results:
+        try:
+            md, pngs = write_report(path)
+        except (OSError, ValueError) as e:
+            print(f"python -m bench report: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {md}" + (f" and {len(pngs)} plots in {os.path.dirname(pngs[0])}" if pngs else ""))
+    return 0
