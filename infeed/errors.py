@@ -112,15 +112,21 @@ class WorkerDied(InfeedError):
 
 
 class Timeout(InfeedError, TimeoutError):
-    """A wait on a ring did not finish in time. Attributes: ``what`` (the wait) and ``seconds``."""
+    """A wait on a ring did not finish in time.
 
-    def __init__(self, what, seconds):
+    Attributes: ``what`` (the wait), ``seconds``, and where a worker owes what was
+    awaited, ``worker`` (its index) and ``pid`` (else None).
+    """
+
+    def __init__(self, what, seconds, worker=None, pid=None):
         self.what = what
         self.seconds = seconds
+        self.worker = worker
+        self.pid = pid
         super().__init__(f"timed out after {seconds:g} s waiting for {what}")
 
     def __reduce__(self):
-        return (type(self), (self.what, self.seconds))
+        return (type(self), (self.what, self.seconds, self.worker, self.pid))
 
 
 class AttachError(InfeedError):
