@@ -37,7 +37,7 @@ SUITES = {
         args.layouts or tuple(decode.datasets.LAYOUTS), scale=args.scale, quick=args.quick, repeats=args.repeats,
         data_dir=args.data_dir, seed=args.seed, cpu=args.cpu, tensorflow=not args.no_tf),
     "infeed": lambda args: infeed_suite.run(
-        args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, scale=args.scale, quick=args.quick,
+        args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, slots=args.slots, scale=args.scale, quick=args.quick,
         repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
     "loop": lambda args: loop_suite.run(
         list(args.devices or loop_suite.DEVICES), models=args.models or loop_suite.MODELS, quick=args.quick,
@@ -78,6 +78,9 @@ def parse_args(argv):
                    help="comma-separated layouts (default: all of mnist,criteo,imagenet)")
     p.add_argument("--workers", type=_workers, default=list(infeed_suite.WORKERS),
                    help="infeed: comma-separated daemon worker counts (default: 1,2)")
+    p.add_argument("--slots", type=_counts("slot"), default=list(infeed_suite.SLOT_SWEEP),
+                   help="infeed: comma-separated ring sizes of the busy consumer's rows (default: 2,4,8,16; 8 is "
+                        "always among them)")
     p.add_argument("--devices", type=_counts("device"), default=None,
                    help="loop, train: comma-separated CPU device counts, one process each (default: loop 1,8; "
                         "train 1)")

@@ -27,7 +27,10 @@ here, 1,024 there), it times, interleaved (A B C A B C ...):
   late wake-up paid back by the next batches' work (see :class:`Work`): it
   averages the set time without taking a CPU from the workers (spinning would
   leave W=2 one CPU on a 2-CPU machine). Rated as the steady state above,
-  from the end of batch W's work, in batches/s.
+  from the end of batch W's work, in batches/s. Timed for every worker count
+  and every ring size of ``slots`` (default 2, 4, 8 and 16 slots; the rows of
+  other sizes than 8 are ``daemon W=w, S slots, busy consumer``), all
+  interleaved: what a deeper ring buys when the consumer's pace varies.
 
 And the timings (lower is better):
 
@@ -73,13 +76,15 @@ from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interle
 
 __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
            "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
-           "handoff_samples", "BATCH_SIZE", "SLOTS", "WORKERS", "MIN_BATCHES", "QUICK_MIN_BATCHES", "SMALLEST",
+           "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "QUICK_MIN_BATCHES", "SMALLEST",
            "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS"]
 
 SUITE = "infeed"
 BATCH_SIZE = decode.BATCH_SIZE
 SLOTS = 8
 WORKERS = (1, 2)
+#: Ring sizes the busy consumer's rows are timed with (SLOTS among them: the rows every other figure compares).
+SLOT_SWEEP = (2, 4, 8, 16)
 #: The fewest batches a layout's dataset has (full run, --quick): enough for the 8-slot ring to turn over.
 MIN_BATCHES, QUICK_MIN_BATCHES = 32, 8
 #: Batches every dataset has at least: below ``SMALLEST * batch_size`` records (a tiny --scale) the batch shrinks.
@@ -107,8 +112,9 @@ def startup_name(workers: int) -> str:
     return f"daemon W={workers} incl. start-up"
 
 
-def busy_name(workers: int) -> str:
-    return f"daemon W={workers}, busy consumer"
+def busy_name(workers: int, slots: int = SLOTS) -> str:
+    ring = "" if slots == SLOTS else f", {slots} slots"
+    return f"daemon W={workers}{ring}, busy consumer"
 
 
 def startup_timing(workers: int) -> str:
@@ -199,8 +205,9 @@ class DaemonCase:
     - ``cpu``: this process's CPU seconds over the steady wall time; without ``work`` only.
     """
 
-    def __init__(self, name: str, dataset: infeed.Dataset, workers: int, batches: int, work: Work | None = None):
-        self.name, self.dataset, self.workers, self.work = name, dataset, workers, work
+    def __init__(self, name: str, dataset: infeed.Dataset, workers: int, batches: int, work: Work | None = None,
+                 slots: int = SLOTS):
+        self.name, self.dataset, self.workers, self.work, self.slots = name, dataset, workers, work, slots
         self.lead = max(1, min(workers, batches - 1))
         self.steady: list[float] = []
         self.after_made: list[float] = []
@@ -212,7 +219,7 @@ class DaemonCase:
     def run(self) -> int:
         work = self.work
         called = time.perf_counter()
-        with infeed.Daemon(self.dataset, num_workers=self.workers, slots=SLOTS, lock_memory=False) as feed:
+        with infeed.Daemon(self.dataset, num_workers=self.workers, slots=self.slots, lock_memory=False) as feed:
             made = time.perf_counter()
             self.spin = getattr(feed, "spin", None)
             for k in range(self.lead):
@@ -303,11 +310,12 @@ def handoff_samples(path: str, spec: Mapping, rounds: int, slots: int = SLOTS) -
 # --- the suite -------------------------------------------------------------------------------------
 
 def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[int] = WORKERS,
-        records: Mapping[str, int] | None = None, scale: float = 1.0, quick: bool = False,
+        slots: Sequence[int] = SLOT_SWEEP, records: Mapping[str, int] | None = None, scale: float = 1.0, quick: bool = False,
         repeats: int | None = None, data_dir=None, seed: int = 0, batch_size: int = BATCH_SIZE) -> SuiteResult:
     """Measures every layout; returns the figures, timings, ratios against TARGETS and notes.
 
     workers: the worker counts to run the daemon with (each a positive int).
+    slots: the ring sizes the busy consumer's rows run with (:data:`SLOTS` is always among them).
     records: per-layout record counts; a layout not named gets :func:`record_count`'s.
     repeats: timed runs per case (default 7, 3 with ``quick``); one untimed warm-up run precedes them.
     data_dir: where the files go and are reused from; default a temporary directory, removed after.
@@ -318,6 +326,9 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     workers = list(dict.fromkeys(workers))
     if not workers or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in workers):
         raise ValueError(f"workers must be positive ints, got {workers!r}")
+    slots = sorted({SLOTS, *slots})
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in slots):
+        raise ValueError(f"slots must be positive ints, got {slots!r}")
     repeats = repeats if repeats is not None else (3 if quick else 7)
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -327,7 +338,7 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     sizes = {name: min(batch_size, max(1, counts[name] // SMALLEST)) for name in layouts}
     result = SuiteResult(SUITE, group_label="layout", name_label="pipeline",
                          params={"layouts": list(layouts), "records": counts, "batch_size": sizes,
-                                 "workers": workers, "slots": SLOTS, "repeats": repeats, "warmup": WARMUP, "seed": seed,
+                                 "workers": workers, "slots": SLOTS, "slot_sweep": slots, "repeats": repeats, "warmup": WARMUP, "seed": seed,
                                  "pinned": False, "cpus_allowed": _cpus()})
     base = min(workers)
     overshoot = sleep_overshoot()
@@ -346,7 +357,7 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
                                 f"({ds.nbytes / ds.records:,.0f} B/record), batch {sizes[name]}, {how}: {ds.path}")
             written.append(ds)
         for ds in written:
-            _measure_layout(result, ds, sizes[ds.layout.name], workers, repeats, overshoot, base)
+            _measure_layout(result, ds, sizes[ds.layout.name], workers, slots, repeats, overshoot, base)
     spin = ", ".join(f"W={w} {'off' if not v else f'{v * 1e6:g} us'}"
                      for w, v in result.params.get("feed_spin_s", {}).items() if v is not None)
     pinning = ("every row unpinned (the daemon's workers need the other CPUs; the parse baseline runs unpinned "
@@ -371,8 +382,8 @@ def _steady_figure(c: DaemonCase, name: str, group: str, sizes: list[int], b: in
     return dataclasses.replace(Measurement(case, c.steady[WARMUP:]).figure(SUITE, group), batches=n_batches - c.lead)
 
 
-def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: list[int], repeats: int,
-                    overshoot: float, base: int) -> None:
+def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: list[int], slots: list[int],
+                    repeats: int, overshoot: float, base: int) -> None:
     name, spec = ds.layout.name, ds.layout.spec()
     with open(ds.path, "rb") as f:                       # into the page cache
         while f.read(8 << 20):
@@ -401,11 +412,13 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
 
     # Phase 2: a consumer that works B / (parse rate) per batch.
     per_batch = b / parse_figure.records_per_s
-    log(f"infeed: timing {name} with a busy consumer ({per_batch * 1e6:,.0f} us per batch) ...")
-    busy = {w: DaemonCase(busy_name(w), dataset, w, n_batches, Work(per_batch, overshoot)) for w in workers}
+    log(f"infeed: timing {name} with a busy consumer ({per_batch * 1e6:,.0f} us per batch; slots "
+        f"{', '.join(map(str, slots))}) ...")
+    busy = {(w, n): DaemonCase(busy_name(w, n), dataset, w, n_batches, Work(per_batch, overshoot), slots=n)
+            for w in workers for n in slots}
     interleave([c.case(all_records, all_bytes) for c in busy.values()], repeats, WARMUP)
-    for w, c in busy.items():
-        result.figures.append(_steady_figure(c, busy_name(w), name, sizes, b, n_batches))
+    for c in busy.values():
+        result.figures.append(_steady_figure(c, c.name, name, sizes, b, n_batches))
     done = [c.work for c in busy.values()]
     calls = max(1, sum(x.calls for x in done))
     result.notes.append(f"busy consumer, {name}: work per batch set to {per_batch * 1e6:,.0f} us "

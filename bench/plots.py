@@ -96,8 +96,8 @@ def infeed_workers_slots(suites: Mapping):
             m = _DAEMON.match(f["name"])
             if m:
                 workers, slots, busy = int(m.group(1)), m.group(2), bool(m.group(3))
-                label = (f"busy consumer, {slots} slots" if slots else
-                         "busy consumer" if busy else "idle consumer")
+                label = (f"busy consumer, {int(slots or suite['params'].get('slots', 0)):2d} slots" if busy
+                         else "idle consumer")
                 lines[label].append((workers, f))
             elif f["name"].startswith("parse"):
                 ax.axhline(f["records_per_s"], color="grey", linestyle="--", label=f["name"])
