@@ -36,6 +36,18 @@ class CompressedStreamError(Exception):
     """Raised by a decompressing source; the reader turns it into CorruptRecordError."""
 
 
+def located_io_error(OSError error, str path, int64_t record_index, int64_t offset):
+    """``error``, raised by the stream under a reader, as an OSError that names the file and where
+    the read was: the same errno (so the same subclass, e.g. ConnectionResetError) and ``filename``."""
+    reason = error.strerror or str(error) or type(error).__name__
+    where = f"{reason} (reading record {record_index} at byte offset {offset})"
+    if error.errno:
+        return OSError(error.errno, where, path)
+    out = OSError(f"{path}: {where}")
+    out.filename = path
+    return out
+
+
 ctypedef uint32_t (*crc_function)(uint32_t, const uint8_t *, size_t) noexcept nogil
 
 
@@ -221,6 +233,8 @@ cdef class RecordReader:
             last = (f"the last good record is {self.records_read - 1}" if self.records_read
                     else "no record was read before it")
             self._fail(self.records_read, self.buf_offset + self.start, "compressed_stream", f"{e}; {last}")
+        except OSError as e:         # an I/O error is no damage: the reader stays usable for a retry
+            raise located_io_error(e, self.path, self.records_read, self.buf_offset + self.start) from e
         finally:
             view.release()
         if got == 0:
@@ -259,6 +273,7 @@ cdef class RecordReader:
         raise err
 
     cdef str _hint(self):
+        """At offset 0 only: what the file looks like, when it does not start with a record."""
         cdef const uint8_t *p = self.buf + self.start
         cdef Py_ssize_t avail = self.end - self.start
         if self.buf_offset + self.start != 0:
@@ -269,7 +284,8 @@ cdef class RecordReader:
             return "; the file starts like a ZLIB stream: read it with compression='ZLIB'"
         if avail >= 3 and p[0] == 0xff and p[1] == 0xd8 and p[2] == 0xff:
             return "; the file is a JPEG image, not a TFRecord file"
-        return "; is this a TFRecord file?"
+        head = PyBytes_FromStringAndSize(<const char *>p, min(avail, 16))
+        return f"; is this a TFRecord file? It starts with {head!r}"
 
     def __next__(self):
         out = self._step(True)
@@ -278,9 +294,10 @@ cdef class RecordReader:
         return out
 
     def skip(self, Py_ssize_t n):
-        """Moves past up to ``n`` records, checking their framing (header CRC and length) but
-        neither copying nor checking their data; returns how many it passed (fewer at the end).
-        The reader that owns those records checks them."""
+        """Moves past up to ``n`` records without copying them; returns how many it passed (fewer
+        at the end).  It checks their framing (header CRC and length); with ``skip_corrupt`` their
+        data CRC too, so that it passes exactly the records a read would yield.  Otherwise the
+        reader that owns those records checks their data."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         cdef Py_ssize_t done = 0
@@ -300,7 +317,8 @@ cdef class RecordReader:
 
     cdef int next_frame(self, bint check_data, const uint8_t **data, Py_ssize_t *size) except -1:
         """Finds the next record: 1 with ``data``/``size`` pointing at it inside the buffer (valid
-        until the next call), or 0 at the end. ``check_data``: verify its data CRC (else the framing only)."""
+        until the next call), or 0 at the end. ``check_data``: verify its data CRC (else the framing only,
+        unless ``skip_corrupt``: then a record with bad data must be skipped as a read would)."""
         cdef uint64_t length
         cdef Py_ssize_t avail
         cdef int64_t offset, total, left
@@ -316,7 +334,7 @@ cdef class RecordReader:
                 return 0
             if avail < HEADER:
                 if self._corrupt(offset, "truncated_header",
-                                 f"{avail} of {HEADER} header bytes before the end of the file"):
+                                 f"{avail} of {HEADER} header bytes before the end of the file" + self._hint()):
                     continue
                 return 0
             p = self.buf + self.start
@@ -349,7 +367,7 @@ cdef class RecordReader:
             p = self.buf + self.start
             data[0] = p + HEADER
             size[0] = <Py_ssize_t>length
-            if not check_data:
+            if not check_data and not self.skip_corrupt:
                 self.start += HEADER + <Py_ssize_t>length + FOOTER
                 self.records_read += 1
                 return 1

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import time
 import zlib
 
 from infeed._native import _tfrecord
@@ -17,32 +20,153 @@ COMPRESSIONS = (None, "GZIP", "ZLIB", "auto")
 _DEFAULT_BUFFER = 8 << 20
 _EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zlib": "ZLIB", ".zz": "ZLIB"}
 
+#: Attempts at each open and read of a remote file (URI), the first included, before its OSError
+#: is raised; and the wait before the second attempt, doubled before each further one.
+REMOTE_ATTEMPTS = 4
+REMOTE_RETRY_WAIT_S = 0.25
+
+#: OSErrors that no retry cures: raised at the first attempt.
+_PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+_log = logging.getLogger("infeed")
+
 
 def _is_uri(path: str) -> bool:
     return "://" in path
 
 
+def _filesystem(uri: str):
+    """``(pyarrow filesystem, path inside it)`` for a URI."""
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(uri)
+
+
+def _retrying(call, uri: str, what: str):
+    """``call()``, tried up to REMOTE_ATTEMPTS times while it raises a transient OSError, with a
+    growing wait between attempts; the last error says how many attempts were made."""
+    wait = REMOTE_RETRY_WAIT_S
+    for attempt in range(1, REMOTE_ATTEMPTS + 1):
+        try:
+            return call()
+        except _PERMANENT_ERRORS:
+            raise
+        except OSError as e:
+            if attempt == REMOTE_ATTEMPTS:
+                reason = f"{e.strerror or e or type(e).__name__} ({what}; gave up after {attempt} attempts)"
+                raise (OSError(e.errno, reason) if e.errno else OSError(reason)) from e
+            _log.warning("%s: %s failed (%s); attempt %d of %d in %.2g s", uri, what, e, attempt + 1,
+                         REMOTE_ATTEMPTS, wait)
+            time.sleep(wait)
+            wait *= 2
+
+
+class _RemoteInput:
+    """A remote file read front to back that survives transient failures: a failed read is
+    retried (``_retrying``) on the file opened afresh at the offset reached."""
+
+    def __init__(self, fs, inner: str, uri: str):
+        self._fs = fs
+        self._inner = inner
+        self._uri = uri
+        self._pos = 0
+        self._file = None
+
+    def _call(self, method: str, arg):
+        def attempt():
+            if self._file is None:
+                f = self._fs.open_input_file(self._inner)
+                try:
+                    f.seek(self._pos)
+                except BaseException:
+                    f.close()
+                    raise
+                self._file = f
+            try:
+                return getattr(self._file, method)(arg)
+            except OSError:
+                self._drop()          # a stream after an error is in no known state: reopen it
+                raise
+        return _retrying(attempt, self._uri, f"read at byte {self._pos}")
+
+    def readinto(self, view) -> int:
+        got = self._call("readinto", view) or 0
+        self._pos += got
+        return got
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._call("read", n if n >= 0 else None)
+        self._pos += len(data)
+        return data
+
+    def _drop(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass              # closing a broken connection may fail too; the retry opens anew
+
+    def close(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def open_input(path: str):
-    """A binary input stream and its size in bytes (-1 when unknown) for a path or URI."""
+    """A binary input stream and its size in bytes (-1 when unknown) for a path or URI.
+
+    A URI's file is read with bounded retries (REMOTE_ATTEMPTS) of each failed open or read."""
     path = os.fspath(path)
     if not _is_uri(path):
         f = open(path, "rb", buffering=0)
         return f, os.fstat(f.fileno()).st_size
     import pyarrow.fs as pafs
 
-    fs, inner = pafs.FileSystem.from_uri(path)
-    info = fs.get_file_info(inner)
+    fs, inner = _filesystem(path)
+    try:
+        info = _retrying(lambda: fs.get_file_info(inner), path, "looking the file up")
+    except OSError as e:
+        raise _tfrecord.located_io_error(e, path, 0, 0) from e
     if info.type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"no such file: {path}")
-    return fs.open_input_stream(inner, compression=None), (info.size if info.size is not None else -1)
+        raise FileNotFoundError(errno.ENOENT, "no such file", path)
+    stream = _RemoteInput(fs, inner, path)
+    try:
+        stream.read(0)            # open it now: a failure to open is raised here, not at the first record
+    except OSError as e:
+        stream.close()
+        raise _tfrecord.located_io_error(e, path, 0, 0) from e
+    except BaseException:
+        stream.close()
+        raise
+    return stream, (info.size if info.size is not None else -1)
+
+
+def _located(error: OSError, path: str, offset: int, n: int) -> OSError:
+    reason = f"{error.strerror or error or type(error).__name__} (reading {n} bytes at byte offset {offset})"
+    if error.errno:
+        return OSError(error.errno, reason, path)
+    out = OSError(f"{path}: {reason}")
+    out.filename = path
+    return out
 
 
 class _LocalRandomAccess:
     def __init__(self, path: str):
+        self._path = path
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
     def read_at(self, offset: int, n: int) -> bytes:
-        return os.pread(self._fd, n, offset)
+        try:
+            return os.pread(self._fd, n, offset)
+        except OSError as e:
+            raise _located(e, self._path, offset, n) from e
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -51,25 +175,47 @@ class _LocalRandomAccess:
 
 
 class _ArrowRandomAccess:
-    def __init__(self, stream):
-        self._stream = stream
+    """Reads at offsets of a remote file, each failed read retried on the file opened afresh."""
+
+    def __init__(self, fs, inner: str, uri: str):
+        self._fs = fs
+        self._inner = inner
+        self._uri = uri
+        self._file = _retrying(lambda: fs.open_input_file(inner), uri, "opening the file")
 
     def read_at(self, offset: int, n: int) -> bytes:
-        return self._stream.read_at(n, offset).to_pybytes()
+        def attempt():
+            if self._file is None:
+                self._file = self._fs.open_input_file(self._inner)
+            try:
+                return self._file.read_at(n, offset).to_pybytes()
+            except OSError:
+                f, self._file = self._file, None
+                try:
+                    f.close()
+                except OSError:
+                    pass
+                raise
+        try:
+            return _retrying(attempt, self._uri, f"read at byte {offset}")
+        except OSError as e:
+            raise _located(e, self._uri, offset, n) from e
 
     def close(self) -> None:
-        self._stream.close()
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
 
 
 def open_random_access(path: str):
-    """An object with ``read_at(offset, n) -> bytes`` and ``close()`` for a path or URI."""
+    """An object with ``read_at(offset, n) -> bytes`` and ``close()`` for a path or URI.
+
+    A failed read raises OSError naming the file and offset, after bounded retries for a URI."""
     path = os.fspath(path)
     if not _is_uri(path):
         return _LocalRandomAccess(path)
-    import pyarrow.fs as pafs
-
-    fs, inner = pafs.FileSystem.from_uri(path)
-    return _ArrowRandomAccess(fs.open_input_file(inner))
+    fs, inner = _filesystem(path)
+    return _ArrowRandomAccess(fs, inner, path)
 
 
 def open_output(path: str):
@@ -83,8 +229,16 @@ def open_output(path: str):
     return fs.open_output_stream(inner, compression=None)
 
 
+_SALVAGE_PIECE = 4096            # deflate inflates at most 1032 bytes per input byte: 4 MiB a piece
+_SALVAGE_LIMIT = 64 << 20
+
+
 class _Decompressing:
-    """``readinto`` over a GZIP or ZLIB stream (concatenated members too)."""
+    """``readinto`` over a GZIP or ZLIB stream (concatenated members too).
+
+    At damage, it first hands out all that inflates before the damaged byte, so that the reader
+    yields every record before it, then raises CompressedStreamError naming that byte's offset
+    in the compressed file."""
 
     def __init__(self, raw, compression: str, path: str, chunk: int):
         self._raw = raw
@@ -96,10 +250,58 @@ class _Decompressing:
         self._pending = b""
         self._raw_eof = False
         self._started = False        # the current member has consumed input
+        self._raw_read = 0           # compressed bytes read so far; what is fed is always their tail
+        self._inflated = 0           # bytes inflated so far
+        self._failure = None         # raised once what inflated before the damage is handed out
+        self._salvaged = b""         # that output, handed out from _salvaged_at
+        self._salvaged_at = 0
+
+    def _damaged(self, what: str, at: int, exact: bool = True) -> _tfrecord.CompressedStreamError:
+        hint = (f"; nothing inflated before it: is the file really {self._name}-compressed?"
+                if self._inflated == 0 and not self._salvaged else "")
+        where = "at" if exact else "at or after"
+        return _tfrecord.CompressedStreamError(f"{what} {where} compressed byte {at}{hint}")
+
+    def _salvage(self, z, data: bytes) -> tuple[bytes, int, bool]:
+        """What ``z`` (the decompressor before ``data``) inflates from ``data`` before its damage:
+        ``(output, offset in data of the byte that fails, whether that byte was found)``.
+
+        Inflated again in pieces, copying the decompressor before each, byte by byte in the piece
+        that fails: inflate's verdict on damage may depend on how its output is cut (a window
+        smaller than a distance is legal only within one call), so the output handed out is
+        this pass's own.  It stops early after _SALVAGE_LIMIT bytes of output."""
+        out = bytearray()
+        for i in range(0, len(data), _SALVAGE_PIECE):
+            if len(out) >= _SALVAGE_LIMIT:
+                return bytes(out), i, False
+            piece, saved = data[i:i + _SALVAGE_PIECE], z.copy()
+            try:
+                out += z.decompress(piece)
+            except zlib.error:
+                z = saved
+                for j in range(len(piece)):
+                    try:
+                        out += z.decompress(piece[j:j + 1])
+                    except zlib.error:
+                        return bytes(out), i + j, True
+                return bytes(out), i + len(piece), True      # (inflate rejected only the whole piece)
+            if z.eof:
+                return bytes(out), i + len(piece), True       # the damage was in the next member's start
+        return bytes(out), len(data), True
 
     def readinto(self, view) -> int:
         want = len(view)
         while True:
+            if self._salvaged:
+                n = min(want, len(self._salvaged) - self._salvaged_at)
+                view[:n] = self._salvaged[self._salvaged_at:self._salvaged_at + n]
+                self._salvaged_at += n
+                if self._salvaged_at == len(self._salvaged):
+                    self._salvaged, self._salvaged_at = b"", 0
+                self._inflated += n
+                return n
+            if self._failure is not None:
+                raise self._failure
             if self._pending:
                 data = self._pending
             elif self._z.unconsumed_tail:
@@ -108,16 +310,22 @@ class _Decompressing:
                 if self._raw_eof:
                     return 0
                 data = self._raw.read(self._chunk)
+                self._raw_read += len(data)
                 if not data:
                     self._raw_eof = True
                     if not self._z.eof and (self._z.unconsumed_tail or self._started):
-                        raise _tfrecord.CompressedStreamError(f"{self._name} stream cut short")
+                        raise self._damaged(f"{self._name} stream cut short", self._raw_read)
                     return 0
             self._pending = b""
+            before = self._z.copy()
             try:
                 out = self._z.decompress(data, want)
             except zlib.error as e:
-                raise _tfrecord.CompressedStreamError(f"damaged {self._name} stream: {e}") from None
+                self._salvaged, at, exact = self._salvage(before, data)
+                self._salvaged_at = 0
+                at += self._raw_read - len(data)      # what is fed is always the tail of what was read
+                self._failure = self._damaged(f"damaged {self._name} stream ({e})", at, exact)
+                continue
             self._started = True
             if self._z.eof:
                 rest = self._z.unused_data
@@ -126,6 +334,7 @@ class _Decompressing:
                 self._pending = rest
             if out:
                 view[: len(out)] = out
+                self._inflated += len(out)
                 return len(out)
 
     def close(self):
@@ -189,8 +398,11 @@ def read_records(path, compression="auto", skip_corrupt: bool = False,
     extension, else from the stream's first bytes).  Damage raises
     :class:`infeed.CorruptRecordError` (file, record index, byte offset); with
     ``skip_corrupt=True`` the reader resynchronises at the next good record
-    instead and counts what it skipped (``reader.skipped_regions``,
-    ``reader.skipped_bytes``).
+    instead, in the same file, logs a warning and counts what it skipped
+    (``reader.skipped_regions``, ``reader.skipped_bytes``).  A damaged GZIP/ZLIB
+    stream cannot be resynchronised: it raises (kind ``compressed_stream``)
+    naming the last good record.  An I/O error is an OSError naming the file,
+    the record and the offset; a URI's reads are retried first (REMOTE_ATTEMPTS).
 
     >>> for record in read_records("train.tfrecord"):   # doctest: +SKIP
     ...     example = decode_example(record)
@@ -204,7 +416,10 @@ def read_records(path, compression="auto", skip_corrupt: bool = False,
             ext = os.path.splitext(path.rstrip("/"))[1].lower()
             compression = _EXTENSIONS.get(ext)
             if compression is None:
-                head = raw.read(_SNIFF_BYTES)
+                try:
+                    head = raw.read(_SNIFF_BYTES)
+                except OSError as e:
+                    raise _tfrecord.located_io_error(e, path, 0, 0) from e
                 compression = _sniff(head)
                 raw = _Peeked(raw, head)
         if compression is not None:
