@@ -36,7 +36,13 @@ state donated and carried from one run to the next (training goes on):
 And the timing ``time to first step: compile_loop K=100``: a fresh
 ``compile_loop`` object's first call (tracing, compiling, placing, running
 100 steps), as ``loop.time_to_first_step`` reports it; JAX's persistent
-compilation cache is off in the measuring processes.
+compilation cache is off in the measuring processes. And ``time to first
+step: compile_loop K=100, persistent cache``: the same, in another process
+per device count whose compiled programs go to JAX's persistent compilation
+cache (``xla_runtime.enable_compilation_cache`` on an empty temporary
+directory): the first fresh loop of each model compiles and writes the
+cache (not counted), the next ones find their program there (what a
+restarted or preempted job sees from its second start on).
 
 XLA fixes the number of CPU devices when JAX starts, so each device count is
 measured in its own process (``python -m bench.loop_suite --child``, with
@@ -100,6 +106,7 @@ PY = "per-step python loop"
 SCAN = f"hand-written scan K={SCAN_K}"
 HOST = f"compile_loop K={SCAN_K} + host_call"
 TTFS = f"time to first step: compile_loop K={SCAN_K}"
+TTFS_CACHED = f"{TTFS}, persistent cache"
 HOST_COST = f"host_call cost per step (K={SCAN_K})"
 #: Extra rows for the tiny model: what else gets a compiled loop further.
 VARIANTS = ("compile_loop K=1000 unroll=4", "compile_loop, whole run in 1 call, unroll=4",
@@ -136,7 +143,7 @@ def figure_names(model: str, variants: bool = True) -> list[str]:
 
 
 def timing_names(model: str) -> list[str]:
-    return [TTFS] + ([HOST_COST] if model == "tiny" else [])
+    return [TTFS, TTFS_CACHED] + ([HOST_COST] if model == "tiny" else [])
 
 
 def ratio_targets(model: str, variants: bool = True) -> dict[str, float | None]:
@@ -361,15 +368,58 @@ def _measure_model(model: str, steps: int, repeats: int, ttfs_samples: int, vari
             "timings": timings, "compile_and_check_s": compile_s}
 
 
+def _first_steps_from_cache(model: str, samples: int) -> list[float]:
+    """Milliseconds to the first step of ``samples`` fresh compile_loop(K=100)s whose program is in JAX's
+    persistent cache (a first loop, not counted, writes it there)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import xla_runtime as xr
+
+    step, init_state, make_data = _models()[model]
+    mesh = xr.make_mesh({"data": -1})
+    group = group_name(model, len(jax.devices()))
+    _log(f"loop: {group}: time to first step from the persistent cache, {samples} fresh compile_loop(K={SCAN_K}) "
+         "after one that writes it ...")
+    host = make_data(np.random.default_rng(0), SCAN_K, BATCH[model])
+    slab = jax.device_put(host, NamedSharding(mesh, P(None, "data")))
+    state0 = init_state()
+    out = []
+    for i in range(samples + 1):
+        loop = xr.compile_loop(step, SCAN_K, mesh)
+        state = jax.device_put(jax.tree.map(np.copy, state0), NamedSharding(mesh, P()))
+        jax.block_until_ready(state)
+        state, losses = loop(state, slab)
+        jax.block_until_ready(losses)
+        if i:
+            out.append(loop.time_to_first_step * 1e3)
+    return out
+
+
 def _child(config: dict) -> None:
     import jax
     import optax
 
+    if config.get("cache_dir"):            # before anything compiles: every program goes to the cache
+        import xla_runtime as xr
+
+        jax.config.update("jax_enable_compilation_cache", True)
+        xr.enable_compilation_cache(config["cache_dir"])
     d = len(jax.devices())
     if d != config["devices"]:
         raise RuntimeError(f"expected {config['devices']} devices, JAX has {d} ({jax.devices()})")
     out = {"jax": jax.__version__, "optax": optax.__version__, "platform": jax.devices()[0].platform,
            "devices": d, "models": {}}
+    if config.get("cache_dir"):
+        out["cached_ttfs_ms"] = {m: _first_steps_from_cache(m, config["ttfs_samples"]) for m in config["models"]}
+        cached = [name for _, _, names in os.walk(config["cache_dir"]) for name in names]
+        if not cached:
+            raise RuntimeError(f"JAX wrote nothing to the persistent cache {config['cache_dir']}")
+        with open(config["out"], "w") as f:
+            json.dump(out, f)
+        return
     for model in config["models"]:
         out["models"][model] = _measure_model(model, config["steps"][model], config["repeats"],
                                               config["ttfs_samples"], config["variants"])
@@ -459,6 +509,13 @@ def run(devices: Sequence[int] = DEVICES, *, models: Sequence[str] = MODELS, qui
         child = _run_child({"devices": d, "models": models, "steps": per_model, "repeats": repeats,
                             "ttfs_samples": ttfs_samples, "variants": variants}, timeout)
         result.params.update(jax=child["jax"], optax=child["optax"], platform=child["platform"])
+        log(f"loop: time to first step from the persistent cache on {d} CPU device{'s' if d > 1 else ''}, in a "
+            "new process ...")
+        with tempfile.TemporaryDirectory(prefix="bench-loop-cache-") as cache_dir:
+            cached = _run_child({"devices": d, "models": models, "ttfs_samples": ttfs_samples,
+                                 "cache_dir": cache_dir}, timeout)["cached_ttfs_ms"]
+        for m in models:
+            child["models"][m]["timings"][TTFS_CACHED] = ("ms", cached[m])
         for m in models:
             _add_group(result, m, child["models"][m], variants)
             result.params.setdefault("compile_and_check_s", {})[child["models"][m]["group"]] = round(
@@ -500,7 +557,9 @@ def _notes(result: SuiteResult, models, devices, variants) -> list[str]:
            + f". CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N), jax {p.get('jax')}, "
            f"optax {p.get('optax')} (Adam).",
            (f"time to first step: a fresh compile_loop(K={SCAN_K})'s first call, tracing and compiling included "
-            f"(loop.time_to_first_step; {p['ttfs_samples']} samples; no persistent compilation cache). host_call "
+            f"(loop.time_to_first_step; {p['ttfs_samples']} samples; no persistent compilation cache); ', persistent "
+            "cache': the same in a process with JAX's persistent compilation cache on, the program already in it "
+            "(written by a first loop, not counted). host_call "
             f"cost: (run with host_call - run without) / steps, per interleaved pair of runs (tiny model only: on "
             "the mlp it is within the noise of a 3-20 ms step).")]
     for d in devices:
