@@ -515,11 +515,15 @@ def format_result(result: SuiteResult) -> str:
         parts += ["", "timings (lower is better):", format_timings(result.timings, result.group_label, b)]
     if result.ratios:
         parts += ["", "ratios of medians (higher is better):", format_ratios(result.ratios, result.ratio_noise)]
-    noisy = result.noisy()
-    if noisy:
-        parts += ["", f"flagged: {len(noisy)} of {len(result.figures) + len(result.timings)} figures spread wider "
-                      f"than {b:.0%} of their median (NOISY) or ran once (1 run): rerun them on a quieter machine "
-                      f"or with more --repeats before quoting them: " + "; ".join(noisy)]
+    flagged = result.noisy()
+    noisy = [x for x in flagged if "(NOISY" in x]
+    once = len(flagged) - len(noisy)
+    if flagged:
+        parts += ["", f"flagged, not to be quoted before a rerun on a quieter machine or with more --repeats: "
+                      f"{len(flagged)} of {len(result.figures) + len(result.timings)} figures"
+                  + (f"; {once} measured once (1 run)" if once else "")
+                  + (f"; {len(noisy)} spread wider than {b:.0%} of their median (NOISY): " + "; ".join(noisy)
+                     if noisy else "")]
     if result.notes:
         parts += ["", *result.notes]
     return "\n".join(parts)

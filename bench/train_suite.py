@@ -35,6 +35,17 @@ default 100 steps a loop), training going on from run to run:
 - ``per-step python loop in device memory``: ``jax.jit(step,
   donate_argnums=0)`` once per step on per-step device batches (the slab's K
   batches, reused), for reference.
+- ``Keras fit, JAX backend, in memory``: the peer a Keras user would reach
+  for, where Keras 3 is installed (``pip install -e .[bench]``; skipped with
+  a note otherwise): the same model as a ``keras.Sequential`` of three
+  ``Dense`` layers with the same initial weights, ``keras.optimizers.Adam(1e-3,
+  epsilon=1e-8)`` (optax's epsilon), sparse categorical cross-entropy from
+  logits, ``compile(steps_per_execution=K, jit_compile=True)``, and per run
+  ``fit(x, y, batch_size=128, epochs=steps / K, shuffle=False)`` over the
+  slab's K batches as numpy arrays in host memory (one epoch = one execution
+  of K steps), on the JAX backend (``KERAS_BACKEND=jax`` in the measuring
+  process). Its first epoch's mean loss must agree with compile_loop's first
+  K losses'.
 
 The two TFRecord rows are also rated in their ``steady state``: from the end
 of a run's first loop to the end of its last (loops 2..N: the first loop's
@@ -92,7 +103,7 @@ from bench.loop_suite import _run_child, child_main
 
 __all__ = ["run", "default_steps", "figure_names", "timing_names", "ratio_targets", "group_name", "cl_name",
            "mem_name", "steady", "DEVICES", "BATCH", "ITERATIONS", "STEPS", "QUICK_STEPS", "WORKERS", "SLOTS", "EST",
-           "PY", "STEADY", "OVERHEAD", "CHECKPOINT", "TARGET_VS_DAEMON_LOOP", "TARGET_VS_MEMORY", "LAYOUT"]
+           "PY", "KERAS", "STEADY", "OVERHEAD", "CHECKPOINT", "TARGET_VS_DAEMON_LOOP", "TARGET_VS_MEMORY", "LAYOUT"]
 
 SUITE = "train"
 LAYOUT = "mnist"
@@ -112,6 +123,10 @@ LOSS_RTOL = 1e-4
 
 EST = "Estimator.train from TFRecords"
 PY = "per-step python loop in device memory"
+KERAS = "Keras fit, JAX backend, in memory"
+#: What the notes say when Keras is not installed.
+KERAS_MISSING = ("Keras comparison skipped: Keras 3 is not installed (`pip install -e .[bench]` adds it; it runs on "
+                 "the JAX backend)")
 STEADY = ", steady state"
 OVERHEAD = "estimator overhead per train() call"
 CHECKPOINT = "checkpoint: Checkpoints.save + wait of the train state"
@@ -162,11 +177,12 @@ def timing_names(k: int) -> list[str]:
             OVERHEAD, CHECKPOINT]
 
 
-def ratio_targets(k: int) -> dict[str, float | None]:
-    """Ratio name -> its target (None: shown, no target)."""
+def ratio_targets(k: int, keras: bool = False) -> dict[str, float | None]:
+    """Ratio name -> its target (None: shown, no target); ``keras``: with the Keras row's ratios."""
     return {f"{EST} / {cl_name(k)}": TARGET_VS_DAEMON_LOOP, f"{EST} / {mem_name(k)}": TARGET_VS_MEMORY,
             f"{steady(EST)} / {steady(cl_name(k))}": None, f"{steady(EST)} / {mem_name(k)}": None,
-            f"{steady(cl_name(k))} / {mem_name(k)}": None, f"{mem_name(k)} / {PY}": None}
+            f"{steady(cl_name(k))} / {mem_name(k)}": None, f"{mem_name(k)} / {PY}": None,
+            **({f"{EST} / {KERAS}": None, f"{mem_name(k)} / {KERAS}": None} if keras else {})}
 
 
 # --- the measuring process (imports JAX) ------------------------------------------------------------
@@ -208,7 +224,34 @@ def _model():
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         return est.EstimatorSpec(mode, loss=loss)
 
-    return init_fn, model_fn
+    return init_fn, model_fn, initial
+
+
+def _keras_case(initial: dict, host: dict, steps: int, k: int):
+    """``(Case, first epoch's mean loss, keras version)`` of Keras's ``fit`` on the slab, or None without Keras."""
+    os.environ["KERAS_BACKEND"] = "jax"            # read when Keras is first imported
+    try:
+        import keras
+    except ImportError:
+        return None
+    if keras.backend.backend() != "jax":
+        raise RuntimeError(f"Keras runs on its {keras.backend.backend()} backend, not JAX (imported before "
+                           "KERAS_BACKEND was set?)")
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(512, activation="relu"),
+                              keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
+    model.set_weights([initial[f"{kind}{i}"] for i in range(3) for kind in ("w", "b")])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3, epsilon=1e-8), steps_per_execution=k, jit_compile=True,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = host["image"].reshape(k * BATCH, -1)
+    y = host["label"].reshape(k * BATCH)
+    first = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"][0]
+
+    def run() -> int:
+        model.fit(x, y, batch_size=BATCH, epochs=steps // k, shuffle=False, verbose=0)
+        return steps * BATCH
+
+    run()           # compiles whatever a longer fit adds (its epoch loop), before timing
+    return run, float(first), keras.__version__
 
 
 class _LoopEnds:
@@ -364,7 +407,7 @@ def _measure(config: dict) -> dict:
     k, steps, repeats, b = config["k"], config["steps"], config["repeats"], BATCH
     d = len(jax.devices())
     group = group_name(d)
-    init_fn, model_fn = _model()
+    init_fn, model_fn, initial = _model()
     opt = optax.adam(1e-3)
     mesh = xr.make_mesh({"data": -1})
     spec = datasets.LAYOUTS[LAYOUT].spec()
@@ -427,6 +470,10 @@ def _measure(config: dict) -> dict:
         if not np.isclose(est_loss, want[-1], rtol=LOSS_RTOL):
             raise RuntimeError(f"{group}: the estimator logs the loss {est_loss} at step {k}, {cl_name(k)} gives "
                                f"{float(want[-1])}")
+        keras_case = _keras_case(initial, host, steps, k)
+        if keras_case is not None and not np.isclose(keras_case[1], want.mean(), rtol=1e-3):
+            raise RuntimeError(f"{group}: Keras's first epoch's mean loss is {keras_case[1]}, compile_loop's first "
+                               f"{k} losses' mean {float(want.mean())}")
         # A second call of each: a loop may compile again when its state or step index comes from its own last
         # call rather than from the host (compile_loop did, at the time of writing); not while timing.
         est_case.train(k)
@@ -437,12 +484,15 @@ def _measure(config: dict) -> dict:
                 phases.clear()
 
         runs = f"{repeats} run{'s' if repeats != 1 else ''}"
-        _log(f"train: {group}: timing 4 pipelines, {steps} steps each, {runs} ...")
+        cases = [Case(EST, est_case.run, steps * b, steps * nbytes_step),
+                 Case(cl_name(k), cl_case.run, steps * b, steps * nbytes_step),
+                 Case(mem.name, mem.run, steps * b, steps * nbytes_step),
+                 Case(PY, py.run, steps * b, steps * nbytes_step)]
+        if keras_case is not None:
+            cases.append(Case(KERAS, keras_case[0], steps * b, steps * nbytes_step))
+        _log(f"train: {group}: timing {len(cases)} pipelines, {steps} steps each, {runs} ...")
         with _Compilations() as compiled:
-            measured = interleave([Case(EST, est_case.run, steps * b, steps * nbytes_step),
-                                   Case(cl_name(k), cl_case.run, steps * b, steps * nbytes_step),
-                                   Case(mem.name, mem.run, steps * b, steps * nbytes_step),
-                                   Case(PY, py.run, steps * b, steps * nbytes_step)], repeats, warmup=0)
+            measured = interleave(cases, repeats, warmup=0)
         seconds = {m.case.name: m.seconds for m in measured}
         seconds[steady(EST)] = est_case.steady
         seconds[steady(cl_name(k))] = cl_case.steady
@@ -466,7 +516,8 @@ def _measure(config: dict) -> dict:
     return {"group": group, "devices": d, "steps": steps, "k": k, "batch": b, "nbytes_step": nbytes_step,
             "seconds": seconds, "timings": timings, "first_call_s": first_call_s, "compile_and_check_s": compile_s,
             "global_step": global_step, "first_losses": [est_loss, float(want[-1])],
-            "compiled_while_timing": compiled.seconds}
+            "compiled_while_timing": compiled.seconds,
+            "keras": None if keras_case is None else {"version": keras_case[2], "first_epoch_loss": keras_case[1]}}
 
 
 def _child(config: dict) -> None:
@@ -532,7 +583,8 @@ def run(devices: Sequence[int] = DEVICES, *, quick: bool = False, repeats: int |
             log(f"train: measuring on {d} CPU device{'s' if d > 1 else ''} in a new process ...")
             child = _run_child({"devices": d, "k": k, "steps": steps, "repeats": repeats, "data": ds.path},
                                timeout, module="bench.train_suite", suite=SUITE)
-            result.params.update(jax=child["jax"], optax=child["optax"], platform=child["platform"])
+            result.params.update(jax=child["jax"], optax=child["optax"], platform=child["platform"],
+                                 keras=(child["keras"] or {}).get("version"))
             for key in ("first_call_s", "compile_and_check_s"):
                 result.params.setdefault(key, {})[child["group"]] = round(child[key], 2)
             result.params.setdefault("compiled_while_timing_s", {})[child["group"]] = [
@@ -545,13 +597,14 @@ def run(devices: Sequence[int] = DEVICES, *, quick: bool = False, repeats: int |
 
 def _add_group(result: SuiteResult, got: dict) -> None:
     group, steps, k, b, per_step = got["group"], got["steps"], got["k"], got["batch"], got["nbytes_step"]
-    for name in figure_names(k):
+    keras = KERAS in got["seconds"]
+    for name in figure_names(k) + ([KERAS] if keras else []):
         n = steps - k if name.endswith(STEADY) else steps
         fig = Measurement(Case(name, lambda: 0, n * b, n * per_step), got["seconds"][name]).figure(SUITE, group)
         result.figures.append(dataclasses.replace(fig, batches=n))
     for name in timing_names(k):
         result.timings.append(Timing.of(SUITE, group, name, "ms", got["timings"][name]))
-    for name, target in ratio_targets(k).items():
+    for name, target in ratio_targets(k, keras).items():
         num, den = name.split(" / ")
         value = result.figure(group, num).records_per_s / result.figure(group, den).records_per_s
         result.ratios.append(Ratio(SUITE, group, name, value, target))
@@ -575,6 +628,10 @@ def _notes(result: SuiteResult, devices, k: int) -> list[str]:
            + f"), then every pipeline's first {k} losses checked against compile_loop's (the estimator's logged "
            f"loss at step K included), and a second train() call of {k} steps and compile_loop run of 1 loop "
            "(whatever compiles on a second call does so before timing)."]
+    out.append(KERAS_MISSING if not p.get("keras") else
+               f"{KERAS}: Keras {p['keras']}, model.fit(x, y, batch_size={BATCH}, epochs=steps/{k}) with "
+               f"steps_per_execution={k} over the first {k} batches as numpy arrays (one epoch = one execution), the "
+               "same model, initial weights and Adam; its first epoch's mean loss checked against compile_loop's.")
     for g, seconds in p.get("compiled_while_timing_s", {}).items():
         if seconds:
             out.append(f"{g}: WARNING: {len(seconds)} program(s) compiled while timing ({sum(seconds):.1f} s in all): "
