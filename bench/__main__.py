@@ -29,7 +29,7 @@ import shlex
 import sys
 import time
 
-from bench import compare, decode, harness, infeed_suite, loop_suite, report, train_suite
+from bench import compare, decode, harness, infeed_suite, loop_suite, report, train_suite, transfer_suite
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
@@ -42,6 +42,8 @@ SUITES = {
     "loop": lambda args: loop_suite.run(
         list(args.devices or loop_suite.DEVICES), models=args.models or loop_suite.MODELS, quick=args.quick,
         repeats=args.repeats),
+    "transfer": lambda args: transfer_suite.run(quick=args.quick, repeats=args.repeats,
+                                               transfer_mb=args.transfer_mb),
     "train": lambda args: train_suite.run(
         list(args.devices or train_suite.DEVICES), quick=args.quick, repeats=args.repeats, steps=args.steps,
         data_dir=args.data_dir, seed=args.seed),
@@ -93,6 +95,8 @@ def parse_args(argv):
     p.add_argument("--out", metavar="DIR", default="bench-results",
                    help="where the results file, its report and plots go (default bench-results); the files are "
                         "named <date>-<host>")
+    p.add_argument("--transfer-mb", type=float, default=transfer_suite.TRANSFER_MB,
+                   help=f"transfer: MB per host-device transfer (default {transfer_suite.TRANSFER_MB})")
     p.add_argument("--json", metavar="PATH",
                    help="the results file's path instead (its report and plots go next to it)")
     p.add_argument("--no-save", action="store_true", help="print the tables only: no results file, no report")
@@ -118,6 +122,8 @@ def parse_args(argv):
         p.error(f"unknown models {unknown}; known: {', '.join(loop_suite.MODELS)}")
     if not args.scale > 0:
         p.error(f"--scale must be positive, got {args.scale}")
+    if not args.transfer_mb > 0:
+        p.error(f"--transfer-mb must be positive, got {args.transfer_mb}")
     if not args.noise_bound > 0:
         p.error(f"--noise-bound must be positive, got {args.noise_bound}")
     return args

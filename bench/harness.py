@@ -510,7 +510,9 @@ def format_ratios(ratios: Sequence[Ratio], noise: Callable[[Ratio], str] = lambd
 
 def format_result(result: SuiteResult) -> str:
     b = result.noise_bound
-    parts = [f"== {result.suite} ==", format_table(result.figures, result.group_label, result.name_label, b)]
+    parts = [f"== {result.suite} =="]
+    if result.figures:
+        parts.append(format_table(result.figures, result.group_label, result.name_label, b))
     if result.timings:
         parts += ["", "timings (lower is better):", format_timings(result.timings, result.group_label, b)]
     if result.ratios:

@@ -429,11 +429,13 @@ def _child(config: dict) -> None:
 
 # --- the suite (this process: no JAX) ---------------------------------------------------------------
 
-def _child_env(devices: int) -> dict:
+def _child_env(devices: int | None) -> dict:
+    """The measuring process's environment: ``devices`` CPU devices, or (None) JAX's default devices."""
     env = dict(os.environ)
-    flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
-    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
-    env["JAX_PLATFORMS"] = "cpu"
+    if devices is not None:
+        flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+        env["JAX_PLATFORMS"] = "cpu"
     for name in ("JAX_NUM_CPU_DEVICES", "JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE"):
         env.pop(name, None)
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
@@ -443,8 +445,9 @@ def _child_env(devices: int) -> dict:
 
 
 def _run_child(config: dict, timeout: float, module: str = "bench.loop_suite", suite: str = SUITE) -> dict:
-    """Runs ``python -m <module> --child <config as JSON>`` on ``config["devices"]`` CPU devices; returns
-    the JSON it wrote to ``config["out"]`` (a temporary file). The ``train`` suite's processes run here too."""
+    """Runs ``python -m <module> --child <config as JSON>`` on ``config["devices"]`` CPU devices (None: JAX's
+    default devices, an accelerator's where there is one); returns the JSON it wrote to ``config["out"]`` (a
+    temporary file). The ``train`` and ``transfer`` suites' processes run here too."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{suite}-") as tmp:
         config = {**config, "out": os.path.join(tmp, "out.json")}
         cmd = [sys.executable, "-m", module, "--child", json.dumps(config)]
@@ -452,12 +455,12 @@ def _run_child(config: dict, timeout: float, module: str = "bench.loop_suite", s
             done = subprocess.run(cmd, env=_child_env(config["devices"]), cwd=str(Path(__file__).resolve().parents[1]),
                                   stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{suite}: the {config['devices']}-device measurements took over {timeout:.0f} s "
-                               "(killed)") from None
+            raise RuntimeError(f"{suite}: the {config['devices'] or 'default'}-device measurements took over "
+                               f"{timeout:.0f} s (killed)") from None
         if done.stdout.strip():
             log(done.stdout.rstrip())
         if done.returncode != 0:
-            raise RuntimeError(f"{suite}: the {config['devices']}-device measurements failed (exit status "
+            raise RuntimeError(f"{suite}: the {config['devices'] or 'default'}-device measurements failed (exit status "
                                f"{done.returncode}; see the messages above)")
         with open(config["out"]) as f:
             return json.load(f)
@@ -525,20 +528,20 @@ def run(devices: Sequence[int] = DEVICES, *, models: Sequence[str] = MODELS, qui
     return result
 
 
-def _add_group(result: SuiteResult, model: str, got: dict, variants: bool) -> None:
+def _add_group(result: SuiteResult, model: str, got: dict, variants: bool, suite: str = SUITE) -> None:
     group, steps, b = got["group"], got["steps"], got["batch"]
     for name in figure_names(model, variants):
         seconds = got["seconds"][name]
         case = Case(name, lambda: 0, steps * b, got["nbytes"])
-        fig = Measurement(case, seconds).figure(SUITE, group)
+        fig = Measurement(case, seconds).figure(suite, group)
         result.figures.append(dataclasses.replace(fig, batches=steps))
-    for name in timing_names(model):
+    for name in [n for n in timing_names(model) if n in got["timings"]]:     # the transfer suite has no cache's
         unit, values = got["timings"][name]
-        result.timings.append(Timing.of(SUITE, group, name, unit, values))
+        result.timings.append(Timing.of(suite, group, name, unit, values))
     for name, target in ratio_targets(model, variants).items():
         num, den = name.split(" / ")
         value = result.figure(group, num).records_per_s / result.figure(group, den).records_per_s
-        result.ratios.append(Ratio(SUITE, group, name, value, target))
+        result.ratios.append(Ratio(suite, group, name, value, target))
 
 
 def _rate(result: SuiteResult, group: str, name: str) -> float:

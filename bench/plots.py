@@ -22,10 +22,14 @@ matplotlib.use("Agg")           # files only: no display, whatever the environme
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-__all__ = ["PLOTS", "decode", "infeed_workers_slots", "loop_iterations", "train_pipelines", "time_to_first_step"]
+__all__ = ["PLOTS", "decode", "infeed_workers_slots", "loop_iterations", "train_pipelines", "time_to_first_step",
+           "transfer"]
 
 _DAEMON = re.compile(r"^daemon W=(\d+)(?:, (\d+) slots)?(, busy consumer)?$")
 _COMPILE_LOOP = re.compile(r"^compile_loop K=(\d+)$")
+#: The transfer suite's bandwidth rows (its other rows are the loop suite's, on the device).
+TRANSFER_ROWS = ("host-to-device from a pinned ring slot", "host-to-device from pageable numpy",
+                 "device-to-host into numpy", "device copy (read + write)")
 
 
 def _groups(suite: Mapping, kind: str = "figures") -> dict[str, list[dict]]:
@@ -46,7 +50,9 @@ def _grid(n: int, width: float = 5.2, height: float = 3.6):
 
 def _whiskers(figures: list[dict], key: str) -> list[list[float]]:
     """The min..max of each figure's rate around its median, as matplotlib's ``xerr``/``yerr`` take them."""
-    scale = (lambda f: f["batches"] / f["records"]) if key == "batches_per_s" else (lambda f: 1.0)
+    def scale(f):       # every rate of a figure is proportional to its records/s
+        return f[key] / f["records_per_s"]
+
     lo = [f[key] - f["records_per_s_min"] * scale(f) for f in figures]
     hi = [f["records_per_s_max"] * scale(f) - f[key] for f in figures]
     return [[max(0.0, x) for x in lo], [max(0.0, x) for x in hi]]
@@ -159,6 +165,13 @@ def train_pipelines(suites: Mapping):
                  "batches_per_s", "steps/s")
 
 
+def transfer(suites: Mapping):
+    """``bench transfer`` (on an accelerator): MB/s of host-to-device copies from a pinned ring slot and from
+    pageable memory, device-to-host, and the device's own copy."""
+    return _bars(suites.get("transfer"), "host <-> device bandwidth (median, min..max)", "mb_per_s", "MB/s",
+                 keep=lambda f: f["name"] in TRANSFER_ROWS)
+
+
 def time_to_first_step(suites: Mapping):
     """``bench loop``: a fresh compile_loop's time to its first step, cold and from JAX's persistent cache."""
     suite = suites.get("loop")
@@ -192,6 +205,7 @@ PLOTS: dict[str, tuple[str, Callable]] = {
     "loop": ("loop", loop_iterations),
     "time-to-first-step": ("loop", time_to_first_step),
     "train": ("train", train_pipelines),
+    "transfer": ("transfer", transfer),
 }
 
 
