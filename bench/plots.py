@@ -22,14 +22,15 @@ matplotlib.use("Agg")           # files only: no display, whatever the environme
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
+from bench import transfer_suite  # noqa: E402
+
 __all__ = ["PLOTS", "decode", "infeed_workers_slots", "loop_iterations", "train_pipelines", "time_to_first_step",
            "transfer"]
 
 _DAEMON = re.compile(r"^daemon W=(\d+)(?:, (\d+) slots)?(, busy consumer)?$")
 _COMPILE_LOOP = re.compile(r"^compile_loop K=(\d+)$")
 #: The transfer suite's bandwidth rows (its other rows are the loop suite's, on the device).
-TRANSFER_ROWS = ("host-to-device from a pinned ring slot", "host-to-device from pageable numpy",
-                 "device-to-host into numpy", "device copy (read + write)")
+TRANSFER_ROWS = (transfer_suite.PINNED, transfer_suite.PAGEABLE, transfer_suite.TO_HOST, transfer_suite.DEVICE_COPY)
 
 
 def _groups(suite: Mapping, kind: str = "figures") -> dict[str, list[dict]]:
