@@ -14,7 +14,17 @@ once with :mod:`jax.export` and writes a directory that
 ``signature.json``
     the format version, the feature specs, the outputs' shapes and dtypes
     (symbolic dimensions as strings, such as ``"batch"``), every variable's
-    key path, shape and dtype, the JAX version, the platforms and the time.
+    key path, shape and dtype, the JAX version, the platforms, the time, and
+    the size and SHA-256 of the two files above.
+
+**Loading runs no code from the directory.** :func:`load_exported` reads
+JSON, the flatbuffer of ``jax.export`` and ``.npy`` arrays, never pickle.
+Before it parses anything it checks the signature (its name, dtypes and
+variables) and each file's size and SHA-256 against it: a file that was
+changed, cut short, replaced (say, by a pickle), an array stored as Python
+objects, or an array whose shape or dtype differ from the signature raises
+:class:`CorruptExportError` naming the file. (Exports written before the
+digests were recorded are checked for all but them.)
 
 Shapes: a ``None`` dimension of a :class:`TensorSpec` is symbolic. The first
 ``None`` of every feature is the one shared batch dimension ``batch``, so all
@@ -53,11 +63,15 @@ which is never a dependency of this project.
 from __future__ import annotations
 
 import datetime
+import hashlib
+import io
 import json
+import logging
 import os
 import re
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -70,7 +84,22 @@ FORMAT = "estimator.export"
 FORMAT_VERSION = 1
 BATCH = "batch"
 
-__all__ = ["LoadedModel", "TensorSpec", "export_model", "load_exported"]
+__all__ = ["CorruptExportError", "LoadedModel", "TensorSpec", "export_model", "load_exported"]
+
+logger = logging.getLogger(__name__)
+
+_NAME = re.compile(r"[\w.-]+")
+VARIABLES = "variables.npz"
+SIGNATURE = "signature.json"
+
+
+class CorruptExportError(ValueError):
+    """An export directory's file ``path`` is not what :func:`export_model` wrote (``reason``);
+    nothing of it was loaded or run."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"refusing to load the export file {path}: {reason}")
+        self.path, self.reason = path, reason
 
 
 @dataclass(frozen=True)
@@ -122,7 +151,7 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
     """
     if not serving_features or not all(isinstance(s, TensorSpec) for s in serving_features.values()):
         raise TypeError("serving_features must be a non-empty dict of feature name -> TensorSpec")
-    if not re.fullmatch(r"[\w.-]+", name):
+    if not _NAME.fullmatch(name):
         raise ValueError(f"export name {name!r} must be a plain file name")
     directory = os.path.abspath(os.fspath(directory))
     if os.path.exists(directory) and not (os.path.isdir(directory) and (overwrite or not os.listdir(directory))):
@@ -165,9 +194,14 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
     try:
         with open(os.path.join(tmp, f"{name}.jaxexport"), "wb") as f:
             f.write(exported.serialize())
-        with open(os.path.join(tmp, "variables.npz"), "wb") as f:
+        with open(os.path.join(tmp, VARIABLES), "wb") as f:
             np.savez(f, allow_pickle=False, **dict(zip(keys, leaves)))
-        with open(os.path.join(tmp, "signature.json"), "w") as f:
+        signature["files"] = {}
+        for file in (f"{name}.jaxexport", VARIABLES):
+            with open(os.path.join(tmp, file), "rb") as f:
+                data = f.read()
+            signature["files"][file] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        with open(os.path.join(tmp, SIGNATURE), "w") as f:
             json.dump(signature, f, indent=2)
         if saved_model:
             _write_saved_model(os.path.join(tmp, "saved_model"), flat_predict, leaves, shapes, serving_features, platforms)
@@ -212,12 +246,13 @@ class LoadedModel:
 
     def __init__(self, directory):
         directory = os.fspath(directory)
-        with open(os.path.join(directory, "signature.json")) as f:
-            self.signature = json.load(f)
-        if self.signature.get("format") != FORMAT or self.signature.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{directory} is not an {FORMAT} directory of version {FORMAT_VERSION}")
-        with open(os.path.join(directory, f"{self.signature['name']}.jaxexport"), "rb") as f:
-            self.exported = jax_export.deserialize(bytearray(f.read()))
+        self.signature = _read_signature(directory)
+        program = os.path.join(directory, f"{self.signature['name']}.jaxexport")
+        data = _read_checked(program, self.signature)
+        try:
+            self.exported = jax_export.deserialize(bytearray(data))
+        except Exception as e:
+            raise CorruptExportError(program, f"not a jax.export serialization ({type(e).__name__}: {e})") from None
         leaves = _read_leaves(directory, self.signature)
         self._leaves = jax.device_put(leaves)
         self._call = jax.jit(self.exported.call)
@@ -251,26 +286,102 @@ class LoadedModel:
         return {k: np.asarray(v) for k, v in self._call(self._leaves, arrays).items()}
 
 
+def _read_signature(directory: str) -> dict:
+    """``signature.json``, checked: its format, a plain program name, plain array dtypes, a list of variables."""
+    path = os.path.join(directory, SIGNATURE)
+    try:
+        with open(path, "rb") as f:
+            signature = json.loads(f.read())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{directory} is not an export: it has no {SIGNATURE}") from None
+    except ValueError as e:
+        raise CorruptExportError(path, f"not JSON ({e})") from None
+    if not isinstance(signature, dict) or signature.get("format") != FORMAT \
+            or signature.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{directory} is not an {FORMAT} directory of version {FORMAT_VERSION}")
+    try:
+        if not (isinstance(signature["name"], str) and _NAME.fullmatch(signature["name"])):
+            raise ValueError(f"name {signature['name']!r} is not a plain file name")
+        specs = [(f"variable {v['key']!r}", v["dtype"], v["shape"]) for v in signature["variables"]]
+        specs += [(f"feature {n!r}", spec["dtype"], spec["shape"]) for n, spec in signature["features"].items()]
+        for what, dtype, shape in specs:
+            if not isinstance(dtype, str) or not isinstance(shape, list):
+                raise ValueError(f"{what} has dtype {dtype!r} and shape {shape!r}")
+            if _plain_dtype(dtype) is None:
+                raise ValueError(f"{what} has dtype {dtype!r}, not a numeric or boolean array dtype")
+        files = signature.get("files", {})
+        if not (isinstance(files, dict) and all(isinstance(e, dict) and isinstance(e.get("size"), int)
+                                                and isinstance(e.get("sha256"), str) for e in files.values())):
+            raise ValueError("its file digests are not {name: {size, sha256}}")
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise CorruptExportError(path, f"not a valid signature ({type(e).__name__}: {e})") from None
+    if "files" not in signature:
+        logger.warning("%s records no file digests (written before they were): its files are not checked", path)
+    return signature
+
+
+def _plain_dtype(name: str):
+    """The dtype called ``name`` if it holds plain numbers or booleans (no objects, no fields), else None."""
+    try:
+        dtype = jnp.dtype(name)
+    except TypeError:
+        return None
+    if dtype.hasobject or dtype.names is not None or dtype.subdtype is not None or dtype.kind not in "biufcV":
+        return None
+    return dtype
+
+
+def _read_checked(path: str, signature: dict) -> bytes:
+    """The bytes of an export file, refused unless their size and SHA-256 are those the signature records."""
+    with open(path, "rb") as f:
+        data = f.read()
+    expected = signature.get("files", {}).get(os.path.basename(path))
+    if expected is None:
+        if "files" in signature:
+            raise CorruptExportError(path, "the signature records no digest for it")
+        return data
+    if len(data) != expected["size"]:
+        raise CorruptExportError(path, f"it has {len(data)} bytes, {expected['size']} were exported")
+    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        raise CorruptExportError(path, "its SHA-256 differs from the one recorded when it was exported")
+    return data
+
+
 def _read_leaves(directory: str, signature: dict) -> list[np.ndarray]:
-    """The exported variables' leaves in signature order, read without pickle."""
-    with np.load(os.path.join(directory, "variables.npz"), allow_pickle=False) as npz:
-        # bfloat16 and other ml_dtypes come back as raw void bytes: view them as the recorded dtype
-        return [npz[v["key"]].view(jnp.dtype(v["dtype"])) for v in signature["variables"]]
+    """The exported variables' leaves in signature order, read without pickle and checked against the signature."""
+    path = os.path.join(directory, VARIABLES)
+    data = _read_checked(path, signature)
+    if not data.startswith(b"PK"):
+        raise CorruptExportError(path, "not an .npz archive" + (
+            ": it is a pickle, and pickles are never loaded" if data[:1] == b"\x80" else ""))
+    leaves = []
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            for v in signature["variables"]:
+                stored, dtype = npz[v["key"]], _plain_dtype(v["dtype"])
+                # bfloat16 and other ml_dtypes come back as raw void bytes: view them as the recorded dtype
+                if stored.dtype != dtype and not (stored.dtype.kind == "V" and stored.dtype.itemsize == dtype.itemsize
+                                                  and stored.dtype.names is None):
+                    raise ValueError(f"{v['key']} is stored as {stored.dtype}, the signature says {dtype}")
+                leaf = stored.view(dtype)
+                if list(leaf.shape) != v["shape"]:
+                    raise ValueError(f"{v['key']} has shape {list(leaf.shape)}, the signature says {v['shape']}")
+                leaves.append(leaf)
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise CorruptExportError(path, f"not the exported variables ({type(e).__name__}: {e})") from None
+    return leaves
 
 
 def is_export(directory) -> bool:
     """Whether ``directory`` holds an :func:`export_model` artefact."""
-    return os.path.isfile(os.path.join(os.fspath(directory), "signature.json"))
+    return os.path.isfile(os.path.join(os.fspath(directory), SIGNATURE))
 
 
 def read_exported_variables(directory):
     """An export's variables as nested dicts of numpy arrays (see :attr:`LoadedModel.variables`),
     without loading its program."""
     directory = os.fspath(directory)
-    with open(os.path.join(directory, "signature.json")) as f:
-        signature = json.load(f)
-    if signature.get("format") != FORMAT or signature.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{directory} is not an {FORMAT} directory of version {FORMAT_VERSION}")
+    signature = _read_signature(directory)
     return _nest([v["path"] for v in signature["variables"]], _read_leaves(directory, signature))
 
 
@@ -292,5 +403,8 @@ def _nest(paths, leaves):
 
 
 def load_exported(directory) -> LoadedModel:
-    """Load an :func:`export_model` directory; needs neither the model's code nor pickle."""
+    """Load an :func:`export_model` directory; needs neither the model's code nor pickle.
+
+    A file that differs from what was exported is refused with :class:`CorruptExportError` naming it.
+    """
     return LoadedModel(directory)
