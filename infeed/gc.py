@@ -26,20 +26,38 @@ __all__ = ["orphans", "collect"]
 CREATION_GRACE = 60.0
 
 
-def _ring_is_orphan(path: str) -> bool:
+def _read_own(path: str, size: int) -> tuple[os.stat_result, bytes] | None:
+    """(stat, first ``size`` bytes) of ``path`` when it is a regular file of this user, else None.
+
+    Never follows a symbolic link: ``/dev/shm`` is world-writable, and a link
+    another user planted under our prefix says nothing about what it points to.
+    """
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            raw = f.read(_HEADER.itemsize)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:                     # gone, a link (ELOOP), or not ours to open
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        return st, os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+
+
+def _ring_is_orphan(path: str) -> bool:
+    found = _read_own(path, _HEADER.itemsize)
+    if found is None:
         return False
-    if st.st_uid != os.getuid():
-        return False
+    st, raw = found
+    young = time.time() - st.st_mtime <= CREATION_GRACE
     if len(raw) < _HEADER.itemsize or raw[:8] != MAGIC:
-        return time.time() - st.st_mtime > CREATION_GRACE
+        return not young
     h = np.frombuffer(raw, _HEADER, 1)[0]
     pid, started = int(h["creator_pid"]), int(h["creator_start"])
-    now = _start_time(pid) if pid > 0 else None
+    if pid <= 0:        # the creator writes the magic before its pid: a ring in creation, or one it never finished
+        return not young
+    now = _start_time(pid)
     if now is None:
         return True
     return bool(started) and now != started           # the pid now belongs to another process
@@ -53,13 +71,10 @@ def orphans() -> list[str]:
     for name in names:
         path = os.path.join(SHM_DIR, name)
         if "-name-" in name:
-            try:
-                with open(path, "rb") as f:
-                    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or os.fstat(f.fileno()).st_uid != os.getuid():
-                        continue
-                    target = f.read(200).decode(errors="replace").strip()
-            except FileNotFoundError:
+            alias = _read_own(path, 200)
+            if alias is None:
                 continue
+            target = alias[1].decode(errors="replace").strip()
             if not target.startswith(prefix) or not os.path.exists(os.path.join(SHM_DIR, target)) \
                     or _ring_is_orphan(os.path.join(SHM_DIR, target)):
                 found.append(path)

@@ -71,7 +71,7 @@ from infeed import errors as errors_module
 from infeed.errors import AttachError, InfeedError, ShmSpaceError, Timeout, WorkerDied
 from infeed.spec import Padded
 
-__all__ = ["Ring", "RingError", "SlotInfo", "layout_of", "watch_processes", "SHM_DIR",
+__all__ = ["Ring", "RingError", "SlotInfo", "layout_of", "watch_processes", "process_state", "SHM_DIR",
            "FREE", "WRITING", "FILLED", "READING", "SLOT_ERROR", "SLOT_END"]
 
 #: Where POSIX shared-memory segments live on Linux.
@@ -203,6 +203,23 @@ def _start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+#: What the state letter of /proc/PID/stat says of a process, in words.
+_PROCESS_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O", "I": "idle",
+                   "T": "stopped by a signal (SIGSTOP, SIGTSTP)", "t": "stopped by a debugger",
+                   "Z": "dead, not yet reaped", "X": "dead"}
+
+
+def process_state(pid: int) -> str:
+    """What process ``pid`` is doing, in words (``running``, ``sleeping``, ``stopped by a signal ...``, ``gone``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+    letter = data[data.rindex(b")") + 2:][:1].decode()
+    return _PROCESS_STATES.get(letter, f"state {letter}")
+
+
 def watch_processes(processes) -> Callable[[], None]:
     """A liveness check for child processes (``multiprocessing.Process`` or ``subprocess.Popen``).
 
@@ -280,19 +297,27 @@ def _encode_error(error: BaseException | str) -> bytes:
         except (TypeError, ValueError):
             pass
     payload = json.dumps(record).encode()
+    tb, cut = record.get("traceback", ""), 0
+    while len(payload) > ERROR_PAYLOAD and cut < len(tb):         # keep the exception, cut its traceback
+        cut += len(payload) - ERROR_PAYLOAD + 64
+        record["traceback"] = "..." + tb[cut:]
+        payload = json.dumps(record).encode()
     if len(payload) > ERROR_PAYLOAD:
         record = {"message": record["message"][: ERROR_PAYLOAD // 2]}
         payload = json.dumps(record).encode()[:ERROR_PAYLOAD]
     return payload
 
 
-def _decode_error(payload: bytes) -> tuple[str, BaseException | None]:
-    """(message, rebuilt exception or None); only infeed's errors and built-in exceptions are rebuilt."""
+def _decode_error(payload: bytes) -> tuple[str, BaseException | None, str]:
+    """(message, rebuilt exception or None, the producer's traceback or ""); only infeed's errors and
+    built-in exceptions are rebuilt (with the traceback as a note)."""
     try:
         record = json.loads(payload)
     except ValueError:
-        return payload.decode(errors="replace"), None
-    message = str(record.get("message", ""))
+        return payload.decode(errors="replace"), None, ""
+    if not isinstance(record, dict):
+        return payload.decode(errors="replace"), None, ""
+    message, tb = str(record.get("message", "")), str(record.get("traceback") or "")
     name, module, args = record.get("type"), record.get("module"), record.get("args")
     if module == "infeed.errors":
         cls = getattr(errors_module, name, None)
@@ -301,14 +326,17 @@ def _decode_error(payload: bytes) -> tuple[str, BaseException | None]:
     else:
         cls = None
     if not (isinstance(cls, type) and issubclass(cls, Exception) and isinstance(args, list)):
-        return message, None
+        return message, None, tb
     try:
         exc = cls(*args)
     except Exception:
-        return message, None
-    if record.get("traceback"):
-        exc.add_note("Raised in the producer process:\n" + record["traceback"])
-    return message, exc
+        return message, None, tb
+    if tb:
+        exc.add_note(_PRODUCER_NOTE + tb)
+    return message, exc, tb
+
+
+_PRODUCER_NOTE = "Raised in the producer process:\n"
 
 
 #: Slot flags: the producer failed at this slot (see :meth:`Ring.error`); the data ended before it.
@@ -325,17 +353,23 @@ class SlotInfo(NamedTuple):
 
 
 class RingError(NamedTuple):
-    """The error record of a ring: who failed and with what."""
+    """The error record of a ring: who failed and with what (and where, in ``traceback``)."""
 
     pid: int
     signal: int | None
     exception: BaseException | None
     message: str
+    traceback: str = ""
 
     def raise_(self):
+        """Raises the producer's exception; one of a type not rebuilt is an InfeedError with its message,
+        both with the producer's traceback as a note."""
         if self.exception is not None:
             raise self.exception
-        raise InfeedError(f"process {self.pid} failed: {self.message}")
+        error = InfeedError(f"process {self.pid} failed: {self.message}")
+        if self.traceback:
+            error.add_note(_PRODUCER_NOTE + self.traceback)
+        raise error
 
 
 class Ring:
@@ -758,9 +792,9 @@ class Ring:
         e = self._error
         if not e["set"]:
             return None
-        message, exc = _decode_error(bytes(e["payload"][:int(e["len"])]))
+        message, exc, tb = _decode_error(bytes(e["payload"][:int(e["len"])]))
         sig = int(e["signal"])
-        return RingError(int(e["pid"]), None if sig < 0 else sig, exc, message)
+        return RingError(int(e["pid"]), None if sig < 0 else sig, exc, message, tb)
 
     # life cycle -------------------------------------------------------------------------------
     @property
