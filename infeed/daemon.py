@@ -12,15 +12,18 @@ that another process serves (``infeed serve``).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 import time
 from typing import Callable
 
 from infeed.dataset import Dataset
-from infeed.errors import InfeedError, WorkerDied
-from infeed.ring import SLOT_END, SLOT_ERROR, Ring
+from infeed.errors import InfeedError, Timeout, WorkerDied
+from infeed.gc import collect as collect_orphans
+from infeed.ring import SLOT_END, SLOT_ERROR, Ring, process_state
 from infeed.spec import Padded
 
 __all__ = ["Batch", "Feed", "Daemon", "attach", "STATE_VERSION"]
@@ -35,6 +38,11 @@ SERVER_REPORT = 1.0
 SPIN = 0.0002
 #: Seconds the workers get to stop on their own before they are killed.
 STOP_GRACE = 5.0
+#: Seconds a consumer waits for one batch before it logs a warning naming the worker that owes
+#: it and what that process is doing, and again every as many seconds while it waits (see :class:`Feed`).
+STALL_WARNING = 60.0
+
+_log = logging.getLogger("infeed")
 
 
 class Batch(dict):
@@ -58,8 +66,13 @@ class Batch(dict):
 class Feed:
     """The consumer of a ring of batches: iterate for :class:`Batch` es in order.
 
-    ``check`` raises when a producer is gone (called every 0.1 s while waiting);
-    ``timeout`` (seconds) bounds each wait for a batch with :class:`~infeed.Timeout`.
+    ``check(seq)`` raises when the producer that owes batch ``seq`` is gone
+    (called every 0.1 s while waiting). ``timeout`` (seconds) bounds each wait
+    for a batch with :class:`~infeed.Timeout` naming the worker that owes it
+    (index, pid, and whether the process runs, sleeps or is stopped). Without
+    one, a wait longer than ``feed.stall_warning`` seconds (default
+    :data:`STALL_WARNING`; None: never) logs a warning on the ``infeed`` logger
+    naming that worker, and another each time as many seconds pass.
     When the machine has a core to spare beyond the ``workers`` decoding
     processes, a consumer whose batch is not there yet polls for up to
     :data:`SPIN` seconds (GIL released) before it sleeps: a worker then hands
@@ -73,7 +86,11 @@ class Feed:
         self.ring = ring
         self.dataset = dataset
         self.timeout = timeout
+        self.stall_warning: float | None = STALL_WARNING
         self.spin = SPIN if len(os.sched_getaffinity(0)) > workers else 0.0
+        self._workers = workers
+        self._wait_began = 0
+        self._warned = 0
         #: Whether the slots are registered with CUDA as pinned memory (a CUDA GPU is present).
         self.pinned = ring.pin()
         self._check_for = check
@@ -82,6 +99,7 @@ class Feed:
         self._ended = False
         self._views: list = [None] * ring.slots
         self._fingerprint = dataset.fingerprint()
+        self._identity = dataset.identity()
 
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> "Feed":
@@ -96,8 +114,13 @@ class Feed:
         if ring.closed:
             raise InfeedError("the feed is closed")
         slot = seq % ring.slots
-        began = time.perf_counter_ns()
-        ring.acquire_filled(slot, self.timeout, lambda: self._check_for(seq), self.spin)
+        began = self._wait_began = time.perf_counter_ns()
+        self._warned = 0
+        try:
+            ring.acquire_filled(slot, self.timeout, self._check_waiting, self.spin)
+        except Timeout:
+            k, pid = self._owner(seq)
+            raise Timeout(self._owed(seq), self.timeout, k, pid) from None
         waited = time.perf_counter_ns() - began
         info = ring.slot_info(slot)
         if info.seq != seq:
@@ -126,6 +149,36 @@ class Feed:
         self._held, self._next = seq, seq + 1
         return batch
 
+    # --- waiting ----------------------------------------------------------------------------
+    def _check_waiting(self) -> None:
+        """Runs every 0.1 s while the next batch is awaited: its producer's check, then the stall warning."""
+        seq = self._next
+        self._check_for(seq)
+        every = self.stall_warning
+        if every:
+            waited = (time.perf_counter_ns() - self._wait_began) / 1e9
+            if waited >= every * (self._warned + 1):
+                self._warned = int(waited // every)
+                _log.warning("infeed: waited %.1f s so far for %s", waited, self._owed(seq))
+
+    def _owner(self, seq: int) -> tuple[int, int | None]:
+        """(index, pid or None when not known yet) of the worker that owes batch ``seq``."""
+        k = seq % self._workers
+        return k, self._worker_pid(k)
+
+    def _worker_pid(self, k: int) -> int | None:
+        for worker in self.ring.workers():
+            if worker["index"] == k:
+                return worker["pid"]
+        return None
+
+    def _owed(self, seq: int) -> str:
+        """Batch ``seq``, where it goes, and the worker that owes it, with what that process is doing."""
+        ring = self.ring
+        k, pid = self._owner(seq)
+        who = f"worker {k} (not started yet)" if pid is None else f"worker {k} (pid {pid}, {process_state(pid)})"
+        return f"batch {seq} (slot {seq % ring.slots} of ring {ring.name}) from {who}"
+
     def _release(self, seq: int) -> None:
         if self._held == seq:
             self._held = None
@@ -140,7 +193,7 @@ class Feed:
         """
         epoch, batch = self.ring.consumer_counters()["cursor"]
         return {"version": STATE_VERSION, "epoch": epoch, "batch": batch, "seed": self.dataset.seed,
-                "fingerprint": self._fingerprint}
+                "fingerprint": self._fingerprint, "dataset": dict(self._identity)}
 
     @property
     def batch_size(self) -> int:
@@ -160,7 +213,12 @@ class Feed:
 
 
 def start_of(dataset: Dataset, state: dict | None) -> tuple[int, int]:
-    """(epoch, batch) where a daemon with ``state`` starts; a clear error for a state of another dataset."""
+    """(epoch, batch) where a daemon with ``state`` starts.
+
+    A state saved for another dataset is refused with a ValueError naming each
+    setting that differs (``files``, ``features``, ``batch_size``, ``seed``, ...)
+    with its saved and its present value. The number of workers is free.
+    """
     if state is None:
         return 0, 0
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
@@ -169,6 +227,14 @@ def start_of(dataset: Dataset, state: dict | None) -> tuple[int, int]:
         epoch, batch, seed, fingerprint = state["epoch"], state["batch"], state["seed"], state["fingerprint"]
     except KeyError as e:
         raise ValueError(f"infeed state lacks {e.args[0]!r}: {state!r:.200}") from None
+    saved = state.get("dataset")
+    if isinstance(saved, dict):                 # states of older versions carry the fingerprint alone
+        now = dict(dataset.identity(), seed=dataset.seed)
+        saved = dict(saved, seed=seed)
+        differ = [name for name in now if name in saved and saved[name] != now[name]]
+        if differ:
+            raise ValueError("the state was saved for another dataset: " + "; ".join(
+                f"{name} differs (saved: {saved[name]!r:.120}, this dataset: {now[name]!r:.120})" for name in differ))
     if fingerprint != dataset.fingerprint():
         raise ValueError("the state was saved for another dataset (files, features, batch size, shuffling "
                          f"or sharding differ: fingerprint {fingerprint}, this dataset's {dataset.fingerprint()})")
@@ -207,9 +273,18 @@ def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, 
 
 
 def stop_workers(ring: Ring, procs: list, grace: float = STOP_GRACE) -> None:
-    """Asks the workers to stop, waits up to ``grace`` seconds, then kills those still running."""
+    """Asks the workers to stop, waits up to ``grace`` seconds, then kills those still running.
+
+    A worker stopped by a signal (SIGSTOP, SIGTSTP) is continued first, so that it can stop.
+    """
     if not ring.closed:
         ring.request_stop()
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + grace
     for proc in procs:
         try:
@@ -239,6 +314,10 @@ class Daemon(Feed):
         if dataset.shuffle == "global":
             dataset.indexes()                   # every file has a usable index, or a clear error now
         slots = -(-slots // num_workers) * num_workers
+        removed = collect_orphans()             # rings of this user's processes killed before they could
+        if removed:
+            _log.warning("infeed: removed %d shared-memory ring(s) left by processes that are gone (%.1f MB): %s",
+                         len(removed), sum(size for _, size in removed) / 1e6, " ".join(p for p, _ in removed))
         meta = json.dumps({"dataset": dataset.to_json(), "workers": num_workers}).encode()
         ring = Ring.create(dataset.template(), slots, steps_per_slot=dataset.steps_per_slot,
                            max_workers=num_workers, lock_memory=lock_memory, meta=meta)
@@ -256,19 +335,30 @@ class Daemon(Feed):
         """The worker processes' ids, worker 0 first."""
         return [p.pid for p in self._procs]
 
+    def _worker_pid(self, k: int) -> int:
+        return self._procs[k].pid
+
     def _check_workers(self, seq: int) -> None:
-        """Raises when a worker died, or when the one that owes batch ``seq`` ended without it."""
-        for proc in self._procs:
-            code = proc.poll()
-            if code is not None and code not in (0, REPORTED_ERROR):
-                raise WorkerDied(proc.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
-                                 detail=f"while batch {seq} was awaited")
-        owner = self._procs[seq % len(self._procs)]
-        if owner.poll() is not None and self.ring.slot_state(seq % self.ring.slots) != ("filled", seq):
-            error = self.ring.error()
-            if error is not None:
-                error.raise_()
-            raise InfeedError(f"worker {seq % len(self._procs)} (pid {owner.pid}) ended without batch {seq}")
+        """Raises when the worker that owes batch ``seq`` ended without it.
+
+        So a worker's death surfaces exactly at the first batch it did not deliver,
+        whichever worker died and however (the batches it delivered before are good):
+        :class:`~infeed.WorkerDied` with the signal or exit status for a process
+        killed or crashed, the worker's own exception (with its traceback) for one
+        that failed and said why.
+        """
+        k = seq % len(self._procs)
+        owner = self._procs[k]
+        code = owner.poll()
+        if code is None or self.ring.slot_state(seq % self.ring.slots) == ("filled", seq):
+            return
+        if code not in (0, REPORTED_ERROR):
+            raise WorkerDied(owner.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
+                             detail=f"worker {k}, which owed batch {seq}")
+        error = self.ring.error()
+        if error is not None:
+            error.raise_()
+        raise InfeedError(f"worker {k} (pid {owner.pid}) ended without batch {seq}")
 
     def close(self) -> None:
         """Stops the workers and removes the ring (views already taken stay readable)."""

@@ -56,6 +56,10 @@ def _positive(name: str, value, *, zero: bool = False) -> int:
     return value
 
 
+def _digest(doc) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class _Matched(tuple):
     """File names already matched (a dataset handed to a worker is not globbed again)."""
 
@@ -176,7 +180,17 @@ class Dataset:
         """A digest of everything that fixes the batch sequence except the seed (checked on resume)."""
         doc = self.to_json()
         del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"]
-        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+        return _digest(doc)
+
+    def identity(self) -> dict:
+        """What :meth:`fingerprint` digests, setting by setting: the files and the feature spec as
+        digests, the others as they are. A feed's state carries it, so that a resume with another
+        dataset names the settings that differ."""
+        doc = self.to_json()
+        del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"]
+        files, features = doc.pop("files"), doc.pop("features")
+        return {"files": f"{len(files)} files, sha256 {_digest(files)}", "features": f"sha256 {_digest(features)}",
+                **doc}
 
     # --- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> dict:
