@@ -2,11 +2,6 @@
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -122,30 +117,6 @@ def test_shuffled_sequence_depends_on_seed_not_on_workers(files):
     assert sum(ids_of(other), []) != epoch0
 
 
-@pytest.mark.parametrize("shuffle_buffer", [0, 25])
-def test_resume_from_state_gives_exactly_the_remaining_batches(files, shuffle_buffer):
-    ds = Dataset(files, SPEC, batch_size=7, shuffle_buffer=shuffle_buffer, shuffle_files=bool(shuffle_buffer),
-                 num_epochs=2, final_batch="pad", seed=3)
-    full = ids_of(collect(ds, num_workers=2))
-    for stop in (0, 1, 5, 14, 15, len(full) - 1, len(full)):
-        with Daemon(ds, num_workers=2, lock_memory=False, timeout=60) as feed:
-            head = [next(feed)["id"].tolist() for _ in range(stop)]
-            state = json.loads(json.dumps(feed.state()))
-        tail = ids_of(collect(ds, num_workers=3, state=state))
-        assert head + tail == full, stop
-
-
-def test_state_of_another_dataset_is_refused(files):
-    ds = Dataset(files, SPEC, batch_size=7)
-    with Daemon(ds, num_workers=1, lock_memory=False) as feed:
-        next(feed)
-        state = feed.state()
-    with pytest.raises(ValueError, match="another dataset"):
-        Daemon(Dataset(files, SPEC, batch_size=8), state=state)
-    with pytest.raises(ValueError, match="seed"):
-        Daemon(Dataset(files, SPEC, batch_size=7, seed=1), state=state)
-
-
 def test_steps_per_slot_stacks_consecutive_batches_and_trims_the_last_slot(files):
     ds = Dataset(files, SPEC, batch_size=8, steps_per_slot=5)          # 12 batches: slots of 5, 5, 2
     got = collect(ds, num_workers=2, slots=2)
@@ -177,11 +148,6 @@ def test_forever_keeps_going_and_close_leaves_nothing(files):
             os.kill(pid, 0)
 
 
-def test_segment_is_mode_0600(files):
-    with Daemon(Dataset(files, SPEC, batch_size=4), num_workers=1, lock_memory=False) as feed:
-        assert oct(os.stat(os.path.join(SHM_DIR, feed.ring.name)).st_mode & 0o777) == "0o600"
-
-
 def test_a_batch_is_a_view_released_at_the_next_batch(files):
     with Daemon(Dataset(files, SPEC, batch_size=4), num_workers=1, slots=2, lock_memory=False) as feed:
         first = next(feed)
@@ -191,25 +157,6 @@ def test_a_batch_is_a_view_released_at_the_next_batch(files):
         assert feed.ring.slot_state(0)[0] in ("free", "writing", "filled")
         second = next(feed)
         assert second["id"].base is not None and not second["id"].flags.owndata
-
-
-def test_a_corrupt_file_raises_at_its_batch_with_path_and_offset(files, tmp_path):
-    bad = str(tmp_path / "bad.tfrecord")
-    data = bytearray(open(files[1], "rb").read())
-    offsets = [0]
-    for r in all_records([files[1]]):
-        offsets.append(offsets[-1] + len(r) + 16)
-    data[offsets[10] + 14] ^= 0xFF                                   # record 10's data
-    open(bad, "wb").write(bytes(data))
-    ds = Dataset([files[0], bad, files[2]], SPEC, batch_size=10)
-    for workers in (1, 2):
-        seen = []
-        with Daemon(ds, num_workers=workers, lock_memory=False, timeout=60) as feed:
-            with pytest.raises(infeed.CorruptRecordError) as info:
-                for batch in feed:
-                    seen.append(batch["id"].tolist())
-        assert info.value.path == bad and info.value.offset == offsets[10] and info.value.record_index == 10
-        assert len(seen) == 5                                        # batch 5 holds record 50 = bad's record 10
 
 
 def test_a_record_that_breaks_the_spec_names_file_record_and_offset(files, tmp_path):
@@ -225,54 +172,6 @@ def test_a_record_that_breaks_the_spec_names_file_record_and_offset(files, tmp_p
             list(feed)
     e = info.value
     assert (e.path, e.record_index, e.offset, e.feature) == (bad, 13, offset, "id")
-
-
-def test_a_sigkilled_worker_is_reported_within_seconds_and_nothing_is_left(files):
-    ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
-    with Daemon(ds, num_workers=2, slots=2, lock_memory=False) as feed:
-        next(feed)
-        victim = feed.worker_pids[1]
-        os.kill(victim, signal.SIGKILL)
-        began = time.monotonic()
-        with pytest.raises(infeed.WorkerDied) as info:
-            for _ in feed:
-                pass
-        assert time.monotonic() - began < 10
-        assert info.value.pid == victim and info.value.signal == signal.SIGKILL
-        others, name = feed.worker_pids, feed.ring.name
-    assert name not in segments()
-    for pid in others:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-
-
-TRAINER = textwrap.dedent("""
-    import sys, infeed
-    ds = infeed.Dataset(sys.argv[1:], {"id": infeed.FixedLen((), "int64")}, batch_size=2, num_epochs=None)
-    feed = infeed.Daemon(ds, num_workers=2, slots=2, lock_memory=False)
-    next(feed)
-    print(feed.ring.name, *feed.worker_pids, flush=True)
-    sys.stdin.read()
-""")
-
-
-def test_killing_the_trainer_leaves_no_segment_and_no_worker(files):
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, *files], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
-    name, *pids = trainer.stdout.readline().split()
-    assert os.path.exists(os.path.join(SHM_DIR, name))
-    trainer.kill()
-    trainer.wait()
-    deadline = time.monotonic() + 10
-    while os.path.exists(os.path.join(SHM_DIR, name)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not os.path.exists(os.path.join(SHM_DIR, name))
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and
-                                              open(f"/proc/{p}/stat").read().split(") ")[1][0] != "Z"
-                                              for p in pids):
-        time.sleep(0.05)
-    for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
 
 
 def test_dataset_checks_its_arguments(files):
@@ -314,31 +213,6 @@ def test_resume_with_stacked_slots_and_compressed_files_read_through_uris(files,
         state = feed.state()
     tail = [row for b in collect(ds, num_workers=1, state=state) for row in b["id"].tolist()]
     assert head + tail == full
-
-
-CTRL_C = textwrap.dedent("""
-    import sys, infeed
-    ds = infeed.Dataset(sys.argv[1:], {"id": infeed.FixedLen((), "int64")}, batch_size=2, num_epochs=None)
-    try:
-        with infeed.Daemon(ds, num_workers=2, slots=2, lock_memory=False) as feed:
-            print(feed.ring.name, *feed.worker_pids, flush=True)
-            for batch in feed:
-                pass
-    except KeyboardInterrupt:
-        print("interrupted", flush=True)
-""")
-
-
-def test_ctrl_c_in_the_trainer_stops_everything(files):
-    trainer = subprocess.Popen([sys.executable, "-c", CTRL_C, *files], stdout=subprocess.PIPE, text=True)
-    name, *pids = trainer.stdout.readline().split()
-    time.sleep(0.3)
-    trainer.send_signal(signal.SIGINT)
-    assert trainer.stdout.readline().strip() == "interrupted"
-    assert trainer.wait(timeout=10) == 0
-    assert not os.path.exists(os.path.join(SHM_DIR, name))
-    for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}")
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 import infeed
 from infeed import Daemon, Dataset, FixedLen
 from infeed.cli import main as cli_main
-from infeed.ring import SHM_DIR, Ring
+from infeed.ring import SHM_DIR
 
 SPEC = {"id": FixedLen((), "int64"), "x": FixedLen((3,), "float32")}
 
@@ -105,24 +104,3 @@ def test_stats_reports_fill_rates_and_workers(files, capsys):
         text = capsys.readouterr().out
         assert "slots filled" in text and "worker 1" in text
     assert cli_main(["stats", "no-such-ring"]) == 2
-
-
-ORPHAN = textwrap.dedent("""
-    import os, signal, numpy as np
-    from infeed.ring import Ring
-    ring = Ring.create({"x": ((4,), np.float32)}, slots=2, lock_memory=False)
-    print(ring.name, flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
-""")
-
-
-def test_gc_removes_rings_of_dead_creators_and_leaves_live_ones(capsys):
-    out = subprocess.run([sys.executable, "-c", ORPHAN], capture_output=True, text=True).stdout
-    orphan = os.path.join(SHM_DIR, out.strip())
-    assert os.path.exists(orphan)
-    with Ring.create({"x": ((4,), np.float32)}, slots=1, lock_memory=False) as live:
-        assert cli_main(["gc", "--dry-run"]) == 0
-        assert "would remove" in capsys.readouterr().out and os.path.exists(orphan)
-        assert cli_main(["gc"]) == 0
-        assert orphan in capsys.readouterr().out
-        assert not os.path.exists(orphan) and os.path.exists(live.path)

@@ -1,0 +1,132 @@
+"""What the daemon's fault-injection tests share: small TFRecord files, trainer processes, and a
+clean-up that leaves no process or segment behind whatever a test does."""
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import infeed
+from infeed import FixedLen
+from infeed.ring import SHM_DIR, process_state
+
+ROOT = str(Path(__file__).resolve().parents[2])
+SPEC = {"id": FixedLen((), "int64")}
+SIZES = (40, 23, 37)          # records per file: ids 0..99 in order
+
+
+def write_files(root: Path) -> list[str]:
+    """Three files holding records with ids 0..99 (40, 23 and 37 of them)."""
+    paths, start = [], 0
+    for k, n in enumerate(SIZES):
+        path = str(root / f"part-{k}.tfrecord")
+        with infeed.TFRecordWriter(path) as w:
+            for i in range(start, start + n):
+                w.write(infeed.encode_example({"id": [i]}))
+        paths.append(path)
+        start += n
+    return paths
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that still runs (a zombie does not)."""
+    return process_state(pid) not in ("gone", "dead", "dead, not yet reaped")
+
+
+def wait_until(predicate, seconds: float) -> bool:
+    """Polls ``predicate`` until it holds or ``seconds`` pass; its last value."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return predicate()
+        time.sleep(0.02)
+    return True
+
+
+def read_line(proc: subprocess.Popen, seconds: float = 60) -> str:
+    """The next line ``proc`` prints, waiting at most ``seconds`` for it."""
+    ready, _, _ = select.select([proc.stdout], [], [], seconds)
+    assert ready, f"process {proc.pid} printed nothing in {seconds} s"
+    return proc.stdout.readline()
+
+
+def segment_path(name: str) -> str:
+    return os.path.join(SHM_DIR, name)
+
+
+class Reaper:
+    """Processes and segments a test made; whatever is left of them at the end is killed and removed."""
+
+    def __init__(self):
+        self.pids: list[int] = []
+        self.paths: list[str] = []
+        self.popens: list[subprocess.Popen] = []
+
+    def clean(self) -> None:
+        for pid in self.pids + [p.pid for p in self.popens]:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
+        for p in self.popens:
+            p.wait(10)
+            for stream in (p.stdin, p.stdout):
+                if stream is not None:
+                    try:
+                        stream.close()
+                    except OSError:
+                        pass
+        for path in self.paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+@pytest.fixture
+def reaper():
+    r = Reaper()
+    try:
+        yield r
+    finally:
+        r.clean()
+
+
+TRAINER = textwrap.dedent("""
+    import sys, time, infeed
+    mode, paths = sys.argv[1], sys.argv[2:]
+    ds = infeed.Dataset(paths, {"id": infeed.FixedLen((), "int64")}, batch_size=2, num_epochs=None)
+    try:
+        with infeed.Daemon(ds, num_workers=2, slots=2, lock_memory=False) as feed:
+            next(feed)
+            print(feed.ring.name, *feed.worker_pids, flush=True)
+            if mode == "idle":
+                sys.stdin.read()
+            else:
+                for batch in feed:
+                    pass
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+def start_trainer(reaper: Reaper, files, mode: str = "iterate", new_session: bool = False):
+    """A trainer process feeding from a 2-worker daemon over ``files`` forever: ``iterate`` takes
+    batches as fast as they come, ``idle`` holds one and waits on its stdin. Returns
+    (process, segment path, worker pids), all registered with ``reaper``."""
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, mode, *files], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, start_new_session=new_session,
+                               env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    reaper.popens.append(trainer)
+    name, *pids = read_line(trainer).split()
+    pids = [int(p) for p in pids]
+    reaper.pids.extend(pids)
+    reaper.paths.append(segment_path(name))
+    return trainer, segment_path(name), pids
