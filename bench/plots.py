@@ -29,6 +29,7 @@ __all__ = ["PLOTS", "decode", "infeed_workers_slots", "loop_iterations", "train_
 
 _DAEMON = re.compile(r"^daemon W=(\d+)(?:, (\d+) slots)?(, busy consumer)?$")
 _COMPILE_LOOP = re.compile(r"^compile_loop K=(\d+)$")
+_SCAN = re.compile(r"^hand-written scan K=(\d+)$")
 #: The transfer suite's bandwidth rows (its other rows are the loop suite's, on the device).
 TRANSFER_ROWS = (transfer_suite.PINNED, transfer_suite.PAGEABLE, transfer_suite.TO_HOST, transfer_suite.DEVICE_COPY)
 
@@ -142,9 +143,9 @@ def loop_iterations(suites: Mapping):
         for f in figs:
             if f["name"].startswith("per-step"):
                 ax.axhline(f["batches_per_s"], color="tab:red", linestyle="--", label=f["name"])
-            elif f["name"].startswith("hand-written scan"):
-                k = int(re.search(r"K=(\d+)", f["name"]).group(1))
-                ax.plot([k], [f["batches_per_s"]], marker="s", color="tab:green", linestyle="none", label=f["name"])
+            elif m := _SCAN.match(f["name"]):
+                ax.plot([int(m.group(1))], [f["batches_per_s"]], marker="s", color="tab:green", linestyle="none",
+                        label=f["name"])
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}"))

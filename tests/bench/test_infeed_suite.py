@@ -72,9 +72,9 @@ def _run(tmp_path, capsys, *extra):
     return capsys.readouterr().out, json.loads(out_json.read_text())
 
 
-def _expected(workers):
-    figures = [suite.PARSE] + [f(w) for f in (suite.daemon_name, suite.startup_name, suite.busy_name)
-                               for w in workers]
+def _expected(workers, slots=suite.SLOT_SWEEP):
+    figures = ([suite.PARSE] + [f(w) for f in (suite.daemon_name, suite.startup_name) for w in workers]
+               + [suite.busy_name(w, n) for w in workers for n in sorted({suite.SLOTS, *slots})])
     timings = ([suite.startup_timing(w) for w in workers] + [suite.every_worker_timing(w) for w in workers if w > 1]
                + [suite.cpu_timing(w) for w in workers] + [suite.HANDOFF])
     ratios = {f"{suite.daemon_name(w)} / {suite.PARSE}": (0.9 if w == 1 else None) for w in workers}
@@ -110,12 +110,14 @@ def test_infeed_suite_prints_every_figure_timing_and_ratio_and_leaves_nothing_be
     assert all(r["value"] > 0 and (r["met"] is None) == (r["target"] is None) for r in suite_doc["ratios"])
     params = suite_doc["params"]
     assert params["workers"] == [1, 2] and params["slots"] == suite.SLOTS and params["pinned"] is False
+    assert params["slot_sweep"] == sorted({suite.SLOTS, *suite.SLOT_SWEEP})
     assert doc["command"].startswith("python -m bench infeed")
 
 
 def test_infeed_suite_with_other_worker_counts(tmp_path, capsys):
-    text, doc = _run(tmp_path, capsys, "--layouts", "mnist", "--workers", "1,3")
-    figures, timings, ratios = _expected([1, 3])
+    text, doc = _run(tmp_path, capsys, "--layouts", "mnist", "--workers", "1,3", "--slots", "3")
+    figures, timings, ratios = _expected([1, 3], slots=[3])
+    assert suite.busy_name(3, 3) == "daemon W=3, 3 slots, busy consumer" and suite.busy_name(3) in figures
     suite_doc = doc["suites"]["infeed"]
     assert {f["name"] for f in suite_doc["figures"]} == set(figures)
     assert {t["name"] for t in suite_doc["timings"]} == set(timings)

@@ -2,6 +2,7 @@
 every figure, timing and ratio, and no ring segment outlives the run."""
 
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -47,7 +48,10 @@ def test_train_suite_prints_every_figure_timing_and_ratio_and_leaves_no_ring_beh
                                     f"--json {out_json} --data-dir {tmp_path / 'data'}")
     assert "Traceback" not in text and "timings (lower is better):" in text and "ratios of medians" in text
     group = suite.group_name(1)
-    figures, timings, ratios = suite.figure_names(K), suite.timing_names(K), suite.ratio_targets(K)
+    keras = importlib.util.find_spec("keras") is not None      # the bench extra's peer: a row, or a note
+    figures = suite.figure_names(K) + ([suite.KERAS] if keras else [])
+    timings, ratios = suite.timing_names(K), suite.ratio_targets(K, keras)
+    assert (suite.KERAS_MISSING in text) is not keras
     rows = _rows(text)
     for name in [*figures, *timings, *ratios]:
         assert (group, name) in rows, name

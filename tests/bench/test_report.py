@@ -1,0 +1,168 @@
+"""The harness's noise flags, the results file, its Markdown report and plots, and ``python -m bench compare``."""
+
+import json
+import os
+
+import pytest
+
+from bench import compare, harness, report
+from bench import __main__ as bench_main
+from bench.harness import Figure, Ratio, SuiteResult, Timing
+
+
+def _figure(name, seconds, group="g", suite="s", records=1000):
+    return Figure(suite, group, name, records, records * 10, len(seconds), sorted(seconds)[len(seconds) // 2],
+                  min(seconds), max(seconds), batches=10)
+
+
+def _suite(a=(1.0, 1.02, 1.01), b=(2.0, 2.01, 2.02), ttfs=(100.0, 104.0, 101.0)):
+    r = SuiteResult("s", group_label="layout", name_label="pipeline")
+    r.figures += [_figure("fast", a), _figure("slow", b)]
+    r.timings.append(Timing.of("s", "g", "start-up", "ms", ttfs, target_max=500))
+    r.ratios.append(Ratio("s", "g", "fast / slow", r.figure("g", "fast").records_per_s /
+                          r.figure("g", "slow").records_per_s, 1.5))
+    return r
+
+
+def _doc(tmp_path, result, name="run.json"):
+    path = tmp_path / name
+    harness.write_json(path, "python -m bench s", {"cpu_model": "test"}, [result])
+    return path
+
+
+def test_a_figure_wider_than_the_bound_is_flagged_noisy_and_so_is_a_ratio_of_it():
+    quiet, noisy, once = _figure("a", [1.0, 1.05, 1.02]), _figure("b", [1.0, 1.5, 1.2]), _figure("c", [1.0])
+    assert quiet.spread == pytest.approx(0.05 / 1.02) and quiet.noise(0.10) == ""
+    assert noisy.noise(0.10) == "NOISY" and noisy.noise(0.6) == ""
+    assert once.noise(0.10) == "1 run"
+    r = _suite(b=(2.0, 2.9, 2.5))
+    assert r.ratio_noise(r.ratios[0]) == "NOISY"
+    text = harness.format_result(r)
+    assert "NOISY" in text and "g: slow (NOISY, spread 36%)" in text
+    assert "fast / slow" in text and "(NOISY)" in text.split("fast / slow")[1].splitlines()[0]
+
+
+def test_a_latency_distribution_is_not_flagged_by_its_tail():
+    many = Timing.of("s", "g", "hand-off", "us", [5.0] * 20 + [50.0])
+    few = Timing.of("s", "g", "start-up", "ms", [100.0, 200.0, 150.0])
+    assert many.spread is None and many.noise(0.1) == ""
+    assert few.spread == pytest.approx(100 / 150) and few.noise(0.1) == "NOISY"
+
+
+def test_results_file_carries_spread_noise_and_machine(tmp_path):
+    doc = json.loads(_doc(tmp_path, _suite(b=(2.0, 3.0, 2.5))).read_text())
+    suite = doc["suites"]["s"]
+    assert suite["noise_bound"] == harness.NOISE_BOUND
+    by_name = {f["name"]: f for f in suite["figures"]}
+    assert by_name["fast"]["noise"] == "" and by_name["slow"]["noise"] == "NOISY"
+    assert by_name["slow"]["spread"] == pytest.approx(0.4)
+    assert suite["ratios"][0]["noise"] == "NOISY"
+    assert doc["machine"] == {"cpu_model": "test"} and doc["command"] == "python -m bench s"
+
+
+def test_report_has_the_headline_tables_notes_and_plots(tmp_path):
+    r = _suite()
+    r.ratios.append(Ratio("s", "g", "fast / slow, strict", 1.99, 3.0, strict=True))
+    r.notes.append("a note")
+    md, pngs = report.write_report(_doc(tmp_path, r))
+    text = open(md).read()
+    assert md == str(tmp_path / "run.md")
+    assert "## Headline: the targets" in text and "1 of 2 targets met." in text
+    assert "| s | g | fast / slow | 1.99x | >= 1.5x: met |  |" in text
+    assert "| s | g | fast / slow, strict | 1.99x | > 3x: **MISSED** |  |" in text
+    assert "python -m bench s" in text
+    assert "| g | fast |" in text and "| g | start-up |" in text
+    assert "- a note" in text
+    assert pngs == [] or all(os.path.getsize(p) > 1000 for p in pngs)
+
+
+def test_report_plots_every_suite_it_knows(tmp_path):
+    pytest.importorskip("matplotlib")
+    suites = []
+    for suite, names in {"decode": ["page cache readinto 8 MiB", "infeed read_records"],
+                         "infeed": ["parse (1 process)", "daemon W=1", "daemon W=2", "daemon W=1, busy consumer",
+                                    "daemon W=1, 2 slots, busy consumer"],
+                         "loop": ["per-step python loop", "hand-written scan K=100", "compile_loop K=1",
+                                  "compile_loop K=100"],
+                         "train": ["Estimator.train from TFRecords", "compile_loop K=100 in device memory"]}.items():
+        r = SuiteResult(suite, params={"slots": 8})
+        r.figures += [_figure(n, [1.0, 1.01], group="mnist", suite=suite) for n in names]
+        if suite == "loop":
+            r.timings += [Timing.of(suite, "mnist", "time to first step: compile_loop K=100", "ms", [900, 950]),
+                          Timing.of(suite, "mnist", "time to first step: compile_loop K=100, persistent cache", "ms",
+                                    [300, 310])]
+        suites.append(r)
+    path = tmp_path / "all.json"
+    harness.write_json(path, "python -m bench all", {}, suites)
+    md, pngs = report.write_report(path)
+    assert sorted(os.path.basename(p) for p in pngs) == ["decode.png", "infeed.png", "loop.png",
+                                                          "time-to-first-step.png", "train.png"]
+    text = open(md).read()
+    for p in pngs:
+        assert f"]({os.path.relpath(p, tmp_path)})" in text
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_command_refuses_what_is_not_a_results_file(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"figures": []}')
+    assert bench_main.main(["report", str(bad)]) == 2
+    assert "not a results file" in capsys.readouterr().err
+    bad.write_text("{")
+    assert bench_main.main(["report", str(bad)]) == 2
+
+
+def _changes(tmp_path, old, new, **kw):
+    a, b = _doc(tmp_path, old, "old.json"), _doc(tmp_path, new, "new.json")
+    return {(c.kind, c.name): c for c in compare.compare(report.load(a), report.load(b), **kw)[0]}
+
+
+def test_compare_flags_a_regression_only_beyond_threshold_and_noise(tmp_path):
+    old = _suite(a=(1.0, 1.01, 1.02), b=(2.0, 2.01, 2.02), ttfs=(100, 101, 102))
+    # fast: 20% slower, ranges apart -> regression; slow: 20% slower but inside old's wide range -> "~"
+    new = _suite(a=(1.2, 1.21, 1.22), b=(3.0, 3.01, 3.02), ttfs=(80, 81, 82))
+    old.figures[1] = _figure("slow", [2.0, 2.5, 3.0])
+    c = _changes(tmp_path, old, new)
+    assert c[("figure", "fast")].verdict == "regression" and c[("figure", "fast")].change == pytest.approx(1.01 / 1.21 - 1)
+    assert c[("figure", "slow")].verdict == "~"
+    assert c[("timing", "start-up")].verdict == "improvement"            # shorter is better
+    assert c[("ratio", "fast / slow")].verdict == "~"                     # old's slow figure was noisy
+    same = _changes(tmp_path, old, old)
+    assert {x.verdict for x in same.values()} == {""}
+
+
+def test_compare_command_exit_status_and_lines(tmp_path, capsys):
+    old, new = _suite(), _suite(a=(1.5, 1.51, 1.52))
+    new.figures.append(_figure("extra", [1.0, 1.0]))
+    a, b = _doc(tmp_path, old, "old.json"), _doc(tmp_path, new, "new.json")
+    assert bench_main.main(["compare", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "s | g | fast" in out and "REGRESSION" in out
+    assert "only in NEW: figure s / g: extra" in out
+    assert "2 regressed" in out          # the figure, and the ratio of it
+    assert bench_main.main(["compare", str(a), str(a)]) == 0
+    assert bench_main.main(["compare", str(a), str(tmp_path / "missing.json")]) == 2
+
+
+def test_a_run_saves_results_report_under_out_named_by_date_and_host(tmp_path, capsys):
+    out = tmp_path / "results"
+    assert bench_main.main(["decode", "--scale", "0.004", "--repeats", "1", "--no-tf", "--layouts", "criteo",
+                            "--out", str(out)]) == 0
+    files = sorted(os.listdir(out))
+    [json_file] = [f for f in files if f.endswith(".json")]
+    stem = json_file[:-5]
+    assert f"{stem}.md" in files
+    assert stem[:4].isdigit() and stem.count("-") >= 4          # <YYYY-MM-DD-HHMMSS>-<host>
+    doc = json.loads((out / json_file).read_text())
+    assert {"host", "cpu_model", "memory_gib", "jax", "jaxlib", "numpy", "backend"} <= set(doc["machine"])
+    printed = capsys.readouterr()
+    assert f"wrote {out / json_file}" in printed.out
+    assert "[1/1] decode: starting" in printed.err and "[1/1] decode: done in" in printed.err
+
+
+def test_no_save_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert bench_main.main(["decode", "--scale", "0.004", "--repeats", "1", "--no-tf", "--layouts", "criteo",
+                            "--no-save"]) == 0
+    assert os.listdir(tmp_path) == []
