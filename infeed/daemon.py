@@ -233,8 +233,10 @@ def start_of(dataset: Dataset, state: dict | None) -> tuple[int, int]:
         saved = dict(saved, seed=seed)
         differ = [name for name in now if name in saved and saved[name] != now[name]]
         if differ:
-            raise ValueError("the state was saved for another dataset: " + "; ".join(
-                f"{name} differs (saved: {saved[name]!r:.120}, this dataset: {now[name]!r:.120})" for name in differ))
+            verb = "differs" if len(differ) == 1 else "differ"
+            raise ValueError(f"the state was saved for another dataset ({', '.join(differ)} {verb}): " + "; ".join(
+                f"saved with {name} {saved[name]!r:.120}, this dataset has {name} {now[name]!r:.120}"
+                for name in differ))
     if fingerprint != dataset.fingerprint():
         raise ValueError("the state was saved for another dataset (files, features, batch size, shuffling "
                          f"or sharding differ: fingerprint {fingerprint}, this dataset's {dataset.fingerprint()})")

@@ -78,9 +78,11 @@ def test_a_state_restored_with_another_dataset_fails_naming_the_field(files):
               "batch_size": Dataset(files, SPEC, batch_size=8, seed=3),
               "seed": Dataset(files, SPEC, batch_size=7, seed=4)}
     for field, other in others.items():
-        with pytest.raises(ValueError, match=rf"another dataset: {field} differs \(saved: .+, this dataset: .+\)$"):
+        with pytest.raises(ValueError, match=rf"another dataset \({field} differs\): saved with {field} .+, "
+                                             rf"this dataset has {field} .+$"):
             Daemon(other, num_workers=1, state=state, lock_memory=False)
-    with pytest.raises(ValueError, match=r"batch_size differs .*; seed differs"):
+    with pytest.raises(ValueError, match=r"\(batch_size, seed differ\): saved with batch_size 7, this dataset has "
+                                         r"batch_size 8; saved with seed 3, this dataset has seed 4$"):
         Daemon(Dataset(files, SPEC, batch_size=8, seed=4), num_workers=1, state=state, lock_memory=False)
     # A state saved before states named their settings is still checked, by its fingerprint.
     old = {k: v for k, v in state.items() if k != "dataset"}
