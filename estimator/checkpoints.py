@@ -16,23 +16,40 @@ Nothing is pickled.
 
 **Atomic.** Orbax writes a step into ``<step>.orbax-checkpoint-tmp`` and
 renames it to ``<step>`` once every file is written (on object stores without
-an atomic rename it writes ``commit_success.txt`` last instead). A save cut
-short leaves only the temporary directory: :meth:`Checkpoints.all_steps` and
-:meth:`Checkpoints.latest_step` read the directory and list complete
-checkpoints only, and orbax removes the leftover (with a warning) when that
-step is saved again. Older checkpoints beyond ``keep`` are deleted only after
-the new one is complete.
+an atomic rename it writes ``commit_success.txt`` last instead). Just before
+that, the digest manifest ``estimator_digests.json`` (each file's size and
+SHA-256) is written into the same directory, so it appears with the
+checkpoint. A save cut short (the process killed at any point) leaves only the
+temporary directory: :meth:`Checkpoints.all_steps` and
+:meth:`Checkpoints.latest_step` list complete checkpoints only, and the first
+``save`` of the next run removes what a killed save left behind.
+
+**Verified.** A restore first checks every file of what it reads against the
+manifest: a damaged, truncated or missing file raises
+:class:`CorruptCheckpointError` naming it, never restores other values than
+were saved. (Checkpoints from before the manifest existed are read with
+``verify=False``.)
+
+**The last K.** Once a save is complete, the complete checkpoints beyond the
+newest ``keep`` are deleted: only directories named by a step that hold our
+manifest, never a symbolic link or what it points to, nor any other file or
+directory. Each is first renamed to ``.<step>.deleting`` (a killed deletion
+never leaves a half-deleted ``<step>`` behind) and then removed without
+following the links inside it.
 
 **Asynchronous.** With ``async_save`` (the default), :meth:`Checkpoints.save`
 returns once the arrays are copied to host memory, so the caller may donate or
 delete them at once; a background thread writes the files. One save is in
 flight at a time: the next ``save`` first waits for the previous one.
-:meth:`Checkpoints.wait` blocks until every save is durable; ``close`` waits too.
+:meth:`Checkpoints.wait` blocks until every save is durable; ``close`` waits
+too. A save that fails in the background (a full disk, a read-only directory)
+is raised by the next ``save``, ``wait`` or ``close`` as
+:class:`CheckpointSaveError` naming the step and its directory; what it had
+written is removed.
 
-**Existing steps.** Orbax refuses to overwrite a step (``StepAlreadyExistsError``);
-``save`` of a step that exists (or is being written) does nothing, and with
-``force=True`` deletes it and writes it again (not atomically: a crash between
-the two loses that step, never older ones).
+**Existing steps.** A step that exists (or is being written) is not saved
+again; with ``force=True`` it is deleted and written again (not atomically: a
+crash between the two loses that step, never older ones).
 
 **Several processes** (``jax.distributed``): every process calls ``save`` with
 its part of the global arrays and orbax coordinates them (barriers, one
@@ -43,10 +60,15 @@ with the same target shardings. :func:`warm_start` and
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
+import stat
 from collections.abc import Sequence
 from typing import Self
 
@@ -54,10 +76,37 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint._src.path import atomicity_defaults
 
-__all__ = ["Checkpoints", "warm_start"]
+__all__ = ["CheckpointSaveError", "Checkpoints", "CorruptCheckpointError", "warm_start"]
 
 logger = logging.getLogger(__name__)
+
+MANIFEST = "estimator_digests.json"
+_MANIFEST_FORMAT = "estimator.checkpoint-digests"
+_COMMIT_FILE = "commit_success.txt"            # orbax's last file of a complete step or item
+_STEP_METADATA = "_CHECKPOINT_METADATA"         # orbax's step metadata, updated while it finalizes
+_STEP = re.compile(r"(0|[1-9][0-9]*)")
+_LEFTOVER = re.compile(r"(0|[1-9][0-9]*)\.orbax-checkpoint-tmp(-[0-9]+)?|\.(0|[1-9][0-9]*)\.deleting")
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file differs from what was written: ``path`` (the file), ``checkpoint`` (its step's
+    directory) and ``reason`` (what differs)."""
+
+    def __init__(self, checkpoint: str, path: str, reason: str):
+        super().__init__(f"checkpoint {checkpoint} is damaged: {path}: {reason}; nothing was restored (delete "
+                         f"{checkpoint} to go on from an older checkpoint)")
+        self.checkpoint, self.path, self.reason = checkpoint, path, reason
+
+
+class CheckpointSaveError(OSError):
+    """Saving checkpoint ``step`` into ``path`` failed (the cause is chained); the checkpoints saved
+    before it are intact."""
+
+    def __init__(self, step: int, path: str, cause: BaseException):
+        super().__init__(f"saving checkpoint {step} to {path} failed: {type(cause).__name__}: {cause}")
+        self.step, self.path = step, path
 
 
 class Checkpoints:
@@ -72,9 +121,19 @@ class Checkpoints:
             raise ValueError(f"keep must be a positive int or None, got {keep!r}")
         directory = os.fspath(directory)
         self.directory = directory if "://" in directory else os.path.abspath(directory)   # orbax needs absolute
+        self.keep, self._async = keep, async_save
+        self._pending: int | None = None          # the step being written in the background
+        self._leftovers_removed = False
+        root = epath.Path(self.directory)
         self._manager = ocp.CheckpointManager(
-            epath.Path(self.directory),
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save),
+            root,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=None,                   # the last K: self._prune, which deletes only our own
+                enable_async_checkpointing=async_save,
+                # the directory is made in save(): made in orbax's background thread, a failure to make it
+                # (a read-only directory) left the writing threads waiting for it, for 20 minutes
+                async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+                temporary_path_class=_committing_path_class(root, self._prune)),
             item_handlers={"state": ocp.StandardCheckpointHandler(), "extras": ocp.JsonCheckpointHandler()})
 
     def save(self, step: int, state, extras: dict | None = None, *, force: bool = False) -> None:
@@ -82,27 +141,49 @@ class Checkpoints:
 
         A step that already exists is left as it is, unless ``force`` (then it is rewritten).
         ``extras`` must come back equal from JSON: str keys, lists rather than tuples.
+        Raises :class:`CheckpointSaveError` for this save or for the previous one, if it failed.
         """
         step, extras = int(step), {} if extras is None else extras
         if json.loads(json.dumps(extras, allow_nan=False)) != extras:
             raise ValueError(f"extras must round-trip through JSON unchanged (str keys, lists, no tuples): {extras!r}")
-        if step in self._manager.all_steps():   # orbax's list: the complete steps and the one being written
+        if step == self._pending and not force:
+            logger.info("checkpoint %d is being written to %s: not saved again", step, self.directory)
+            return
+        self._finish()
+        if not self._leftovers_removed:
+            self.remove_leftovers()
+        if step in self.all_steps():
             if not force:
                 logger.info("checkpoint %d already exists in %s: not saved again", step, self.directory)
                 return
-            self._manager.wait_until_finished()
-            self._manager.delete(step)
-        # force=True: save now; orbax's own policy would skip a step while a previous save is in flight.
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                         extras=ocp.args.JsonSave(extras)), force=True)
+            self._delete(step)
+        if step in self._manager.all_steps():        # orbax's own list, out of date after a deletion or a failure
+            self._manager.reload()
+        try:
+            # force=True: save now; orbax's own policy would skip a step while a previous save is in flight.
+            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                             extras=ocp.args.JsonSave(extras)), force=True)
+        except Exception as e:
+            raise self._failed(step, e) from e
+        self._pending = step
+        if not self._async:
+            self._finish()
 
     def wait(self) -> None:
-        """Blocks until every save so far is complete on disk."""
-        self._manager.wait_until_finished()
+        """Blocks until every save so far is complete on disk; raises :class:`CheckpointSaveError` if one failed."""
+        self._finish()
 
     def all_steps(self) -> list[int]:
-        """The steps of the complete checkpoints on disk, ascending (saves in flight are not listed)."""
-        return sorted(ocp.utils.checkpoint_steps(self.directory))
+        """The steps of the complete checkpoints on disk, ascending (saves in flight are not listed).
+
+        A complete checkpoint is a directory (not a symbolic link) named by its step, which orbax
+        committed and which holds our digest manifest (or orbax's metadata, for checkpoints older
+        than the manifest).
+        """
+        root = epath.Path(self.directory)
+        if not root.exists():
+            return []
+        return sorted(int(p.name) for p in root.iterdir() if _STEP.fullmatch(p.name) and _is_complete(p))
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step, or ``None``."""
@@ -114,46 +195,156 @@ class Checkpoints:
         step = self.latest_step()
         return None if step is None else os.path.join(self.directory, str(step))
 
-    def restore(self, target, step: int | None = None):
+    def restore(self, target, step: int | None = None, *, verify: bool = True):
         """``(state, extras)`` of checkpoint ``step`` (the latest by default), ``state`` shaped like ``target``.
 
         ``target`` is a pytree like the saved state whose leaves are arrays or
         ``jax.ShapeDtypeStruct`` with a ``sharding``: each array is restored with
         that sharding (and cast to that dtype). A target whose key paths or
-        shapes differ from the checkpoint's raises ``ValueError`` naming them.
+        shapes differ from the checkpoint's raises ``ValueError`` naming them; a
+        damaged file raises :class:`CorruptCheckpointError` naming it (``verify=False``: read unchecked,
+        for checkpoints written before the digest manifest).
         Only complete checkpoints are read: :meth:`wait` first for a save in flight.
         """
         step = self._existing_step(step)
+        if verify:
+            self._verify(step, ("state", "extras"))
         target = jax.tree.map(_abstract, target)
         _check_matches(target, self._manager.item_metadata(step)["state"].tree,
                        f"checkpoint {step} in {self.directory}")
         return self._restore(step, target)
 
-    def restore_numpy(self, step: int | None = None):
+    def restore_numpy(self, step: int | None = None, *, verify: bool = True):
         """``(state, extras)`` of checkpoint ``step`` (the latest by default), without a target.
 
         ``state`` is a tree of numpy arrays in the containers orbax saves (dicts
         for dicts and named tuples, lists for tuples, ``None`` for empty nodes
         such as ``optax.EmptyState()``); PRNG keys come back as their ``jax.random.key_data``.
+        ``verify`` as in :meth:`restore`.
         """
         step = self._existing_step(step)
+        if verify:
+            self._verify(step, ("state", "extras"))
         saved = self._manager.item_metadata(step)["state"].tree
         return self._restore(step, jax.tree.map(lambda leaf: np.empty(leaf.shape, leaf.dtype), saved))
 
-    def extras(self, step: int | None = None) -> dict:
+    def extras(self, step: int | None = None, *, verify: bool = True) -> dict:
         """The JSON ``extras`` of checkpoint ``step`` (the latest by default), without reading the state."""
         step = self._existing_step(step)
+        if verify:
+            self._verify(step, ("extras",))
         return self._manager.restore(step, args=ocp.args.Composite(extras=ocp.args.JsonRestore()))["extras"]
 
+    def remove_leftovers(self) -> list[str]:
+        """Removes what killed saves and deletions left (``<step>.orbax-checkpoint-tmp*``,
+        ``.<step>.deleting``), real directories only; returns their paths. The first :meth:`save`
+        calls it (a reader never does: another process may be writing a checkpoint)."""
+        self._leftovers_removed = True
+        root, removed = epath.Path(self.directory), []
+        if jax.process_index() != 0 or not root.exists():
+            return removed
+        for path in root.iterdir():
+            if _LEFTOVER.fullmatch(path.name):
+                if _is_real_directory(path):
+                    _rmtree(path)
+                    removed.append(os.fspath(path))
+                else:
+                    logger.warning("%s looks like a leftover checkpoint but is not a directory: left as it is", path)
+        if removed:
+            logger.warning("removed what killed or failed checkpoint saves left: %s", ", ".join(removed))
+        return removed
+
     def close(self) -> None:
-        """Waits for saves in flight and releases orbax's threads."""
-        self._manager.close()
+        """Waits for saves in flight (raising :class:`CheckpointSaveError` if one failed), releases orbax's threads."""
+        try:
+            self._finish()
+        finally:
+            self._manager.close()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _finish(self) -> None:
+        """Waits for the save in flight; its failure becomes a CheckpointSaveError naming its step."""
+        step, self._pending = self._pending, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            if step is None:
+                raise
+            raise self._failed(step, e) from e
+
+    def _failed(self, step: int, error: BaseException) -> CheckpointSaveError:
+        """The error to raise for a failed save of ``step``, once what it wrote is removed."""
+        if jax.process_index() == 0:
+            try:
+                root = epath.Path(self.directory)
+                for path in root.iterdir() if root.exists() else ():
+                    match = _LEFTOVER.fullmatch(path.name)
+                    if match and match.group(1) == str(step) and _is_real_directory(path):
+                        _rmtree(path)
+            except OSError as cleanup_error:
+                logger.warning("could not remove what the failed save of checkpoint %d left in %s: %s",
+                               step, self.directory, cleanup_error)
+        self._manager.reload()
+        latest = self.latest_step()
+        logger.error("saving checkpoint %d failed (the latest complete checkpoint is %s): %s", step,
+                     "none" if latest is None else latest, error)
+        return CheckpointSaveError(step, os.path.join(self.directory, str(step)), error)
+
+    def _prune(self) -> None:
+        """Deletes the complete checkpoints beyond the newest ``keep`` (after each save, in its thread)."""
+        if self.keep is None:
+            return
+        for step in self.all_steps()[:-self.keep]:
+            try:
+                self._delete(step)
+            except OSError as e:
+                logger.warning("could not delete old checkpoint %d in %s: %s", step, self.directory, e)
+
+    def _delete(self, step: int) -> None:
+        """Deletes checkpoint ``step`` if it is ours (a real directory holding our manifest)."""
+        path = epath.Path(self.directory) / str(step)
+        if not (_is_complete(path) and (path / MANIFEST).exists()):
+            logger.warning("%s is not a checkpoint this class wrote (no %s, or not a directory): not deleted",
+                           path, MANIFEST)
+            return
+        doomed = path.parent / f".{step}.deleting"
+        if doomed.exists():
+            _rmtree(doomed)
+        path.rename(doomed)          # atomic: a deletion cut short never leaves a half-deleted <step>
+        _rmtree(doomed)
+        logger.info("deleted old checkpoint %s", path)
+
+    def _verify(self, step: int, items: tuple[str, ...]) -> None:
+        """Checks the files of ``items`` in checkpoint ``step`` against its manifest."""
+        checkpoint = epath.Path(self.directory) / str(step)
+        manifest_path = checkpoint / MANIFEST
+        if not manifest_path.exists():
+            raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(manifest_path),
+                                         "missing (for a checkpoint written before the manifest existed, "
+                                         "restore with verify=False to read it unchecked)")
+        files = _read_manifest(checkpoint, manifest_path, step)
+        wanted = {name: entry for name, entry in files.items() if name.split("/", 1)[0] in items}
+        if {name.split("/", 1)[0] for name in wanted} != set(items):
+            raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(manifest_path),
+                                         f"does not list the files of {' and '.join(items)}")
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(wanted))) as pool:
+            found = dict(zip(wanted, pool.map(lambda name: _digest(checkpoint / name), wanted)))
+        for name, entry in sorted(wanted.items()):
+            size, digest = found[name]
+            if size is None:
+                reason = "missing"
+            elif size != entry["size"]:
+                reason = f"{size} bytes, {entry['size']} were written"
+            elif digest != entry["sha256"]:
+                reason = f"its SHA-256 is {digest}, {entry['sha256']} was written"
+            else:
+                continue
+            raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(checkpoint / name), reason)
 
     def _restore(self, step: int, target):
         restored = self._manager.restore(step, args=ocp.args.Composite(
@@ -168,6 +359,113 @@ class Checkpoints:
             return int(step)
         raise FileNotFoundError(f"no complete checkpoint {'' if step is None else f'{step} '}in {self.directory} "
                                 f"(complete steps: {steps})")
+
+
+def _committing_path_class(root: epath.Path, on_commit):
+    """Orbax's temporary-path class for ``root`` that writes the digest manifest into a step's directory
+    just before orbax commits it, and calls ``on_commit()`` once it is committed."""
+    base = atomicity_defaults.get_default_temporary_path_class(root)
+
+    class CommittingPath(base):
+        async def finalize(self, *args, **kwargs):
+            final = self.get_final()
+            if final.parent != root:           # an item inside the step's directory: orbax's own commit
+                return await super().finalize(*args, **kwargs)
+            await asyncio.to_thread(_write_manifest, self.get(), int(final.name))
+            result = await super().finalize(*args, **kwargs)
+            await asyncio.to_thread(on_commit)
+            return result
+
+    return CommittingPath
+
+
+def _write_manifest(directory: epath.Path, step: int) -> None:
+    """Writes ``MANIFEST``: the size and SHA-256 of every file under ``directory`` (but orbax's step
+    metadata and commit file, which it writes while committing, and which a restore does not read)."""
+    names = sorted(name for name in _files(directory) if name not in (_STEP_METADATA, _COMMIT_FILE))
+    with concurrent.futures.ThreadPoolExecutor(min(8, max(1, len(names)))) as pool:
+        digests = list(pool.map(lambda name: _digest(directory / name), names))
+    files = {name: {"size": size, "sha256": digest} for name, (size, digest) in zip(names, digests)}
+    body = {"format": _MANIFEST_FORMAT, "version": 1, "step": step, "files": files}
+    document = dict(body, sha256=_json_digest(body))
+    (directory / MANIFEST).write_text(json.dumps(document, indent=1, sort_keys=True))
+
+
+def _files(directory: epath.Path, prefix: str = "") -> list[str]:
+    """The files under ``directory``, as ``/``-separated paths relative to it."""
+    names = []
+    for path in directory.iterdir():
+        if path.is_dir():
+            names += _files(path, f"{prefix}{path.name}/")
+        else:
+            names.append(prefix + path.name)
+    return names
+
+
+def _read_manifest(checkpoint: epath.Path, path: epath.Path, step: int) -> dict:
+    """The ``files`` of checkpoint ``step``'s manifest if its own digest verifies; CorruptCheckpointError otherwise."""
+    try:
+        document = json.loads(path.read_text())
+        body = {k: v for k, v in document.items() if k != "sha256"}
+        ok = document.get("format") == _MANIFEST_FORMAT and document.get("sha256") == _json_digest(body)
+    except (ValueError, AttributeError, UnicodeDecodeError) as e:
+        raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(path), f"not a digest manifest ({e})") from None
+    if not ok:
+        raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(path), "its own digest does not match")
+    if document["step"] != step:
+        raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(path),
+                                     f"it was written for step {document['step']}, not {step}")
+    files = document["files"]
+    for name in files:
+        if name.startswith("/") or ".." in name.split("/"):
+            raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(path), f"lists a file outside it: {name!r}")
+    return files
+
+
+def _json_digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _digest(path: epath.Path) -> tuple[int | None, str | None]:
+    """(size, SHA-256) of a file; (None, None) when it is missing."""
+    sha, size = hashlib.sha256(), 0
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                sha.update(chunk)
+                size += len(chunk)
+    except FileNotFoundError:
+        return None, None
+    return size, sha.hexdigest()
+
+
+def _is_local(path: epath.Path) -> bool:
+    return "://" not in os.fspath(path)
+
+
+def _is_real_directory(path: epath.Path) -> bool:
+    """A directory, not a symbolic link to one (object stores have no links)."""
+    if not _is_local(path):
+        return path.is_dir()
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _is_complete(path: epath.Path) -> bool:
+    """A committed checkpoint directory: a real directory with orbax's commit file and our manifest
+    (or orbax's metadata, for checkpoints from before the manifest)."""
+    return (_is_real_directory(path) and (path / _COMMIT_FILE).exists()
+            and ((path / MANIFEST).exists() or (path / _STEP_METADATA).exists()))
+
+
+def _rmtree(path: epath.Path) -> None:
+    """Removes a directory tree; locally without following symbolic links (shutil's fd-based rmtree)."""
+    if _is_local(path):
+        shutil.rmtree(os.fspath(path))
+    else:
+        path.rmtree()
 
 
 def warm_start(source: str, target, include: str | Sequence[str] | None = None, *, within: tuple[str, ...] = ()):
