@@ -34,8 +34,9 @@ class RunConfig:
     save_summary_steps / log_step_count_steps: summaries and log lines cadence.
     seed: the PRNG seed of initialisation and of the train state's key.
     infeed_workers / infeed_slots: the decoding daemon's processes and ring slots.
-    stop_on_nan: stop training with ``FloatingPointError`` (naming the step) when the loss is
-        NaN or Inf, before that loop's state is checkpointed.
+    stop_on_nan: stop training with ``FloatingPointError`` (naming the step and its loop) when the
+        loss is NaN or Inf, before that loop's state is checkpointed, and (naming the variable)
+        when a state about to be checkpointed holds NaN or Inf: the last checkpoint stays good.
     distributed: call ``jax.distributed.initialize()`` (multi-host): with ``coordinator_address``,
         ``num_processes`` and ``process_id`` when given, else as JAX finds them in the environment.
     """

@@ -69,6 +69,12 @@ def _learning_rate(opt_state):
     return None
 
 
+@jax.jit
+def _all_finite(leaves):
+    """Whether each array of ``leaves`` is free of NaN and Inf, as one bool array."""
+    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+
+
 def _trainable(variables):
     """(trainable part, rebuild(trainable, updates) -> variables): ``variables["params"]`` when a dict has it."""
     if isinstance(variables, dict) and "params" in variables:
@@ -294,6 +300,8 @@ class Estimator:
                 step += n
                 self._after_loop(step - n, n, outputs, logger, writer, last=step >= target)
                 if self._checkpoint_due(step - last_ckpt_step, time.monotonic() - last_ckpt_time) or step >= target:
+                    if cfg.stop_on_nan:
+                        self._check_finite(state, step)
                     inputs = gather_json(input_state)       # each process's own input position
                     self.checkpoints.save(step, state, {"input": inputs if len(inputs) > 1 else input_state,
                                                         "global_step": step})
@@ -319,6 +327,22 @@ class Estimator:
             logger.close()
             writer.close()
         return self
+
+    def _check_finite(self, state, step: int) -> None:
+        """Raises FloatingPointError if a float leaf of the train state about to be checkpointed holds
+        a NaN or Inf (the loss, computed before each update, cannot show the last step's update)."""
+        leaves = [(path, x) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
+                  if jnp.issubdtype(x.dtype, jnp.inexact)]
+        finite = fetch(_all_finite([x for _, x in leaves])) if leaves else np.ones(0, bool)
+        if finite.all():
+            return
+        self.checkpoints.wait()
+        latest = self.checkpoints.latest_step()
+        raise FloatingPointError(
+            f"the train state's {jax.tree_util.keystr(leaves[int(np.flatnonzero(~finite)[0])][0])} holds NaN or Inf "
+            f"after step {step} (the loss was finite up to it); training stopped and this state was not saved: the "
+            f"last checkpoint is {'step %d' % latest if latest is not None else 'none'} "
+            f"(RunConfig(stop_on_nan=False) trains on)")
 
     def _checkpointed_input(self) -> dict | None:
         """This process's input position in the latest checkpoint (a list of them when several processes wrote it)."""

@@ -273,7 +273,8 @@ def test_a_save_into_a_read_only_or_full_directory_is_raised_naming_it(tmp_path,
     # raised by the trainer's next call: save() when the directory cannot even be made, else wait()
     assert result["raised_by"] == ("save" if failure == "read-only" else "wait")
     assert result["step"] == 2 and result["path"] == str(tmp_path / "2")
-    assert result["message"].startswith(f"saving checkpoint 2 to {tmp_path / '2'} failed:") and expected in result["message"]
+    assert result["message"].startswith(f"saving checkpoint 2 to {tmp_path / '2'} failed:")
+    assert expected in result["message"]
     assert result["steps"] == [1] and result["restored"] == {"step": 1}
     assert result["left"] == ["1"]                      # what the failed save wrote is gone
 
@@ -382,10 +383,28 @@ def test_a_non_finite_loss_stops_training_naming_the_step_and_loop_and_keeps_the
                                                  r".*the last checkpoint is step 10"):
         e.train(_input_fn, max_steps=20)
     assert e.checkpoints.all_steps() == [5, 10] and e.global_step() == 10
-    np.testing.assert_array_equal(e.get_variables()["params"]["w"],
-                                  _estimator(tmp_path / "good").train(_input_fn, max_steps=10).get_variables()["params"]["w"])
+    good = _estimator(tmp_path / "good").train(_input_fn, max_steps=10)
+    np.testing.assert_array_equal(e.get_variables()["params"]["w"], good.get_variables()["params"]["w"])
     e.model_fn = _linear_model()
     assert e.train(_input_fn, max_steps=15).global_step() == 15                # goes on from the last good one
+
+
+def test_a_non_finite_state_is_never_checkpointed_even_when_the_loss_has_not_shown_it_yet(tmp_path):
+    def model_fn(variables, features, labels, mode, params):   # the update of step 10, the loop's last, goes bad
+        spec = _linear_model()(variables, features, labels, mode, params)
+        bad = jnp.where(xla_runtime.current_step() >= 9, jnp.inf, 0.0)
+        return est.EstimatorSpec(mode, loss=spec.loss, updates={"stats": variables["stats"] + bad})
+
+    def init_fn(rng, features):
+        return dict(_init_fn(rng, features), stats=jnp.zeros(()))
+
+    config = est.RunConfig(model_dir=str(tmp_path), iterations_per_loop=5, save_checkpoints_steps=5)
+    e = est.Estimator(model_fn, init_fn, optax.sgd(0.05), config, train_batch_size=8)
+    with pytest.raises(FloatingPointError, match=r"the train state's \['variables'\]\['stats'\] holds NaN or Inf "
+                                                 r"after step 10 .*the last checkpoint is step 5"):
+        e.train(_input_fn, max_steps=20)
+    assert e.checkpoints.all_steps() == [5]
+    assert np.isfinite(e.checkpoints.restore_numpy()[0]["variables"]["stats"])
 
 
 def test_stop_on_nan_is_on_by_default_and_can_be_turned_off(tmp_path):
