@@ -42,10 +42,11 @@ returns once the arrays are copied to host memory, so the caller may donate or
 delete them at once; a background thread writes the files. One save is in
 flight at a time: the next ``save`` first waits for the previous one.
 :meth:`Checkpoints.wait` blocks until every save is durable; ``close`` waits
-too. A save that fails in the background (a full disk, a read-only directory)
-is raised by the next ``save``, ``wait`` or ``close`` as
-:class:`CheckpointSaveError` naming the step and its directory; what it had
-written is removed.
+too. A save that fails is raised as :class:`CheckpointSaveError` naming the
+step and its directory, never only logged: by ``save`` itself when its
+directory cannot be made (a read-only directory), else, once the background
+write fails (a full disk), by the next ``save``, ``wait`` or ``close``; what it
+had written is removed.
 
 **Existing steps.** A step that exists (or is being written) is not saved
 again; with ``force=True`` it is deleted and written again (not atomically: a
