@@ -21,8 +21,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# Every suite, ~10 minutes on 2 cores: tables, then bench-results/<date>-<host>.json, .md and plots.
 bench: $(STAMP)
-	$(BIN)/python -m bench decode infeed loop train
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m bench all
 
 fuzz: $(STAMP)
 	$(BIN)/python -m pip install -q 'atheris>=2.3,<4'

@@ -14,21 +14,13 @@ from infeed import Daemon, Dataset
 from infeed import ring as ring_mod
 from infeed.ring import SHM_DIR, Ring
 
-from .processes import SPEC, write_files
+from .processes import SPEC, children, write_files
 
 TEMPLATE = {"x": ((4, 3), "float32"), "label": ((4,), "int64")}
 
 
 def _segments():
     return {n for n in os.listdir(SHM_DIR) if n.startswith(f"infeed-{os.getuid()}-")}
-
-
-def _children() -> set[int]:
-    found = set()
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            found.update(int(p) for p in f.read().split())
-    return found
 
 
 @pytest.fixture
@@ -62,10 +54,10 @@ def test_too_little_shm_space_names_needed_and_free_bytes(tiny_shm):
 
 def test_a_daemon_too_big_for_shm_fails_at_creation_before_any_worker_starts(tiny_shm, tmp_path):
     ds = Dataset(write_files(tmp_path), SPEC, batch_size=1000)
-    before, children = _segments(), _children()
+    before, kids = _segments(), children()
     with pytest.raises(infeed.ShmSpaceError, match=r"needs \d+ bytes but only 4096 are free"):
         Daemon(ds, num_workers=2, lock_memory=False)
-    assert _segments() == before and _children() == children
+    assert _segments() == before and children() == kids
 
 
 def test_space_lost_between_check_and_reservation_raises_and_removes_the_segment(monkeypatch):
