@@ -30,6 +30,7 @@ __all__ = ["PLOTS", "decode", "infeed_workers_slots", "loop_iterations", "train_
 _DAEMON = re.compile(r"^daemon W=(\d+)(?:, (\d+) slots)?(, busy consumer)?$")
 _COMPILE_LOOP = re.compile(r"^compile_loop K=(\d+)$")
 _SCAN = re.compile(r"^hand-written scan K=(\d+)$")
+_THOUSANDS = ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}")
 #: The transfer suite's bandwidth rows (its other rows are the loop suite's, on the device).
 TRANSFER_ROWS = (transfer_suite.PINNED, transfer_suite.PAGEABLE, transfer_suite.TO_HOST, transfer_suite.DEVICE_COPY)
 
@@ -77,6 +78,7 @@ def _bars(suite: Mapping | None, title: str, key: str, unit: str, keep: Callable
         ax.invert_yaxis()
         ax.set_title(group, fontsize=10)
         ax.set_xlabel(unit)
+        ax.xaxis.set_major_formatter(_THOUSANDS)
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(title + ("  (* flagged noisy or 1 run)" if any(f.get("noise") for fs in groups.values()
                                                                  for f in fs) else ""), fontsize=11)
@@ -117,6 +119,7 @@ def infeed_workers_slots(suites: Mapping):
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("decoding workers (W)")
         ax.set_ylabel("records/s")
+        ax.yaxis.set_major_formatter(_THOUSANDS)
         ax.set_ylim(bottom=0)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
@@ -148,7 +151,7 @@ def loop_iterations(suites: Mapping):
                         label=f["name"])
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}"))
+        ax.yaxis.set_major_formatter(_THOUSANDS)
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("iterations_per_loop (K)")
