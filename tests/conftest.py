@@ -12,6 +12,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """pytest-benchmark tests run once, as plain tests, unless timing is asked for (``--benchmark-only`` or
+    ``--benchmark-enable``): so ``make test`` stays quick and ``pytest --benchmark-only`` times the kernels."""
+    if not (config.getoption("benchmark_only", False) or config.getoption("benchmark_enable", False)):
+        config.option.benchmark_disable = True
+
+
 #: TensorFlow-written conformance files, beside the project's checkout.
 FIXTURES = Path(os.environ.get("INFEED_FIXTURES", Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "tfrecord"))
 

@@ -1,9 +1,9 @@
 """pytest-benchmark figures for infeed's hot kernels: CRC32C, Example parsing (whole batches, and packed
 int64 varints and floats alone), record reading, and a ring slot's hand-off.
 
-    pytest tests/benchmarks --benchmark-only -p no:cacheprovider -o addopts=""
+    pytest tests/benchmarks --benchmark-only
 
-In the normal test run (``--benchmark-disable``) each runs once, as a test of
+In the normal test run (benchmarking off: see tests/conftest.py) each runs once, as a test of
 its result; nothing here asserts on time.
 """
 
