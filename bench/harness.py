@@ -12,10 +12,12 @@ samples, with an upper bound as its target.  A suite returns a
 :func:`format_result` prints and :func:`write_json` saves with the facts of the
 machine.
 
-Every figure carries its spread, ``(max - min) / median`` of its repeats; one
-wider than the run's noise bound (:data:`NOISE_BOUND`, ``--noise-bound``), or
-measured once, is flagged ``NOISY`` / ``1 run`` wherever it is printed or
-saved, and so is a ratio of such a figure: a noisy machine shows as one.
+Every figure carries its spread (:func:`relative_spread`: the interquartile
+range of its repeats over their median, the whole range below
+:data:`QUARTILE_RUNS` repeats); one wider than the run's noise bound
+(:data:`NOISE_BOUND`, ``--noise-bound``), or measured once, is flagged
+``NOISY`` / ``1 run`` wherever it is printed or saved, and so is a ratio of
+such a figure: a noisy machine shows as one.
 
 >>> case = Case("sum", lambda: sum(range(1000)) and 1000, records=1000, nbytes=8000)
 >>> [fig] = [m.figure("doc", "demo") for m in interleave([case], repeats=3)]
@@ -40,14 +42,39 @@ from dataclasses import asdict, dataclass, field
 __all__ = [
     "Case", "Measurement", "Figure", "Timing", "Ratio", "SuiteResult", "interleave", "pinned_to_one_cpu",
     "settle_allocator", "machine_facts", "jax_devices", "format_result", "format_table", "format_timings", "format_ratios",
-    "write_json", "log", "NOISE_BOUND", "noise_flag",
+    "write_json", "log", "NOISE_BOUND", "QUARTILE_RUNS", "noise_flag", "relative_spread",
 ]
 
 #: The JSON layout's version; bump it when a field changes meaning.
 JSON_VERSION = 1
 
-#: The widest spread ((max - min) / median of the repeats) a figure may have without being flagged as noisy.
+#: The widest spread (see relative_spread) a figure may have without being flagged as noisy.
 NOISE_BOUND = 0.10
+
+#: From this many repeats on, a figure's spread is its interquartile range (one outlier does not flag it, and
+#: more repeats do not widen it); below, the whole range.
+QUARTILE_RUNS = 4
+
+
+def relative_spread(values: Sequence[float]) -> float | None:
+    """How widely ``values`` (the repeats of one measurement) spread, relative to their median: the
+    interquartile range (inclusive quartiles) with :data:`QUARTILE_RUNS` values or more, else max - min;
+    None for no values or a zero median.
+
+    >>> relative_spread([1.0, 1.0, 1.1, 1.0, 5.0])      # one outlier in five runs
+    0.1
+    >>> relative_spread([0.9, 1.0, 1.1])                # three runs: the whole range
+    0.2
+    """
+    if not values:
+        return None
+    median = statistics.median(values)
+    if not median:
+        return None
+    if len(values) >= QUARTILE_RUNS:
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+        return round((q3 - q1) / abs(median), 12)
+    return round((max(values) - min(values)) / abs(median), 12)
 
 #: Timings with at least this many samples are distributions (a latency's): their p90 shows their spread, and
 #: the median of so many samples is not flagged.
@@ -94,7 +121,7 @@ class Measurement:
         return Figure(suite=suite, group=group, name=self.case.name, records=self.case.records,
                       nbytes=self.case.nbytes, repeats=len(self.seconds),
                       seconds_median=statistics.median(self.seconds),
-                      seconds_min=min(self.seconds), seconds_max=max(self.seconds))
+                      seconds_min=min(self.seconds), seconds_max=max(self.seconds), runs=tuple(self.seconds))
 
 
 @dataclass(frozen=True)
@@ -111,6 +138,7 @@ class Figure:
     seconds_min: float
     seconds_max: float
     batches: int | None = None      # batches per run, where the figure counts them
+    runs: tuple[float, ...] = ()    # the seconds of each repeat, in the order they ran
 
     @property
     def records_per_s(self) -> float:
@@ -129,7 +157,9 @@ class Figure:
 
     @property
     def spread(self) -> float:
-        """``(max - min) / median`` of the repeats' seconds (0 for one run)."""
+        """:func:`relative_spread` of the repeats' seconds (from min and max when the runs are not kept)."""
+        if self.runs:
+            return relative_spread(self.runs)
         return (self.seconds_max - self.seconds_min) / self.seconds_median
 
     def noise(self, bound: float = NOISE_BOUND) -> str:
@@ -170,6 +200,7 @@ class Timing:
     max: float
     samples: int
     target_max: float | None = None
+    spread_of_samples: float | None = None      # relative_spread of the samples
 
     @classmethod
     def of(cls, suite: str, group: str, name: str, unit: str, values: Sequence[float],
@@ -179,7 +210,7 @@ class Timing:
             raise ValueError(f"timing {name!r}: no samples")
         ordered = sorted(values)
         return cls(suite, group, name, unit, statistics.median(ordered), _nearest_rank(ordered, 0.9),
-                   ordered[0], ordered[-1], len(ordered), target_max)
+                   ordered[0], ordered[-1], len(ordered), target_max, relative_spread(ordered))
 
     @property
     def met(self) -> bool | None:
@@ -187,10 +218,12 @@ class Timing:
 
     @property
     def spread(self) -> float | None:
-        """``(max - min) / median`` of the samples; None for a distribution (:data:`DISTRIBUTION_SAMPLES` or
+        """:func:`relative_spread` of the samples; None for a distribution (:data:`DISTRIBUTION_SAMPLES` or
         more samples: its p90 is its spread) or a zero median."""
         if self.samples >= DISTRIBUTION_SAMPLES or not self.median:
             return None
+        if self.spread_of_samples is not None:
+            return self.spread_of_samples
         return (self.max - self.min) / abs(self.median)
 
     def noise(self, bound: float = NOISE_BOUND) -> str:

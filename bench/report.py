@@ -98,9 +98,10 @@ def render(doc: Mapping, plots: Mapping[str, tuple[str, str]], missing_plots: st
            f"Reproduce: `{doc.get('command', 'python -m bench all')}` (then `python -m bench compare OLD.json "
            "NEW.json` to compare two runs).", "",
            "Every figure is the median of its runs, after a warm-up, with cases interleaved (A B A B). A figure "
-           "whose runs spread wider than the noise bound (max - min over the median) is flagged **NOISY**, one "
-           "measured once **1 run**, and so is a ratio of such a figure: rerun those on a quieter machine or with "
-           "more `--repeats` before quoting them.", "", "## Machine", ""]
+           "whose runs spread wider than the noise bound (their interquartile range over their median, the whole "
+           "range below 4 runs) is flagged **NOISY**, one measured once **1 run**, and so is a ratio of such a "
+           "figure: rerun those on a quieter machine or with more `--repeats` before quoting them.", "",
+           "## Machine", ""]
     out += _table(["fact", "value"], [[k, v] for k, v in doc.get("machine", {}).items()])
     headline = [r for s in suites.values() for r in s.get("ratios", []) if r.get("target") is not None]
     if headline:

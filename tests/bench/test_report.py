@@ -42,6 +42,19 @@ def test_a_figure_wider_than_the_bound_is_flagged_noisy_and_so_is_a_ratio_of_it(
     assert "fast / slow" in text and "(NOISY)" in text.split("fast / slow")[1].splitlines()[0]
 
 
+def test_one_outlier_in_five_runs_does_not_flag_a_figure_but_a_wide_middle_does():
+    def measured(seconds):
+        return harness.Measurement(harness.Case("x", lambda: 0, 100, 100), list(seconds)).figure("s", "g")
+
+    outlier = measured([1.0, 1.01, 1.02, 1.0, 2.0])
+    assert outlier.runs == (1.0, 1.01, 1.02, 1.0, 2.0) and outlier.seconds_max == 2.0
+    assert outlier.spread == pytest.approx(0.02 / 1.01) and outlier.noise() == ""
+    assert measured([1.0, 1.2, 1.4, 1.0, 1.3]).noise() == "NOISY"          # the middle runs differ by 30%
+    assert measured([1.0, 1.0, 2.0]).spread == 1.0                          # too few runs for quartiles
+    settled = Timing.of("s", "g", "start-up", "ms", [100, 101, 102, 100, 300])
+    assert settled.spread == pytest.approx(2 / 101) and settled.noise() == ""
+
+
 def test_a_latency_distribution_is_not_flagged_by_its_tail():
     many = Timing.of("s", "g", "hand-off", "us", [5.0] * 20 + [50.0])
     few = Timing.of("s", "g", "start-up", "ms", [100.0, 200.0, 150.0])
