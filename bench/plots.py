@@ -30,7 +30,15 @@ __all__ = ["PLOTS", "decode", "infeed_workers_slots", "loop_iterations", "train_
 _DAEMON = re.compile(r"^daemon W=(\d+)(?:, (\d+) slots)?(, busy consumer)?$")
 _COMPILE_LOOP = re.compile(r"^compile_loop K=(\d+)$")
 _SCAN = re.compile(r"^hand-written scan K=(\d+)$")
-_THOUSANDS = ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}")
+_THOUSANDS = ticker.FuncFormatter(lambda v, _: f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k" if v >= 1e4
+                                   else f"{v:,.0f}" if v >= 10 else f"{v:g}")
+#: Bar colours: the peers (other libraries) and the baselines stand out from ours.
+_PEERS, _BASELINES = ("tf.data", "Keras"), ("page cache",)
+
+
+def _colour(name: str) -> str:
+    return ("tab:orange" if name.startswith(_PEERS) else "tab:gray" if name.startswith(_BASELINES)
+            else "tab:blue")
 #: The transfer suite's bandwidth rows (its other rows are the loop suite's, on the device).
 TRANSFER_ROWS = (transfer_suite.PINNED, transfer_suite.PAGEABLE, transfer_suite.TO_HOST, transfer_suite.DEVICE_COPY)
 
@@ -72,8 +80,8 @@ def _bars(suite: Mapping | None, title: str, key: str, unit: str, keep: Callable
     fig, axes = _grid(len(groups), width=6.4, height=0.5 + 0.42 * max(len(fs) for fs in groups.values()))
     for ax, (group, figs) in zip(axes, groups.items()):
         y = range(len(figs))
-        ax.barh(list(y), [f[key] for f in figs], xerr=_whiskers(figs, key), color="tab:blue", alpha=0.8,
-                error_kw={"elinewidth": 1, "capsize": 2})
+        ax.barh(list(y), [f[key] for f in figs], xerr=_whiskers(figs, key), alpha=0.8,
+                color=[_colour(f["name"]) for f in figs], error_kw={"elinewidth": 1, "capsize": 2})
         ax.set_yticks(list(y), [f["name"] + (" *" if f.get("noise") else "") for f in figs], fontsize=8)
         ax.invert_yaxis()
         ax.set_title(group, fontsize=10)
@@ -150,9 +158,12 @@ def loop_iterations(suites: Mapping):
                 ax.plot([int(m.group(1))], [f["batches_per_s"]], marker="s", color="tab:green", linestyle="none",
                         label=f["name"])
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        rates = [f["batches_per_s"] for f in figs if f.get("batches_per_s")]
+        if rates and max(rates) > 20 * min(rates):         # decades apart (the tiny model): a log scale
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1, 2, 5)))
+            ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.yaxis.set_major_formatter(_THOUSANDS)
-        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("iterations_per_loop (K)")
         ax.set_ylabel("steps/s")
