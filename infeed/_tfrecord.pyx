@@ -17,7 +17,7 @@ from libc.string cimport memcpy, memmove
 
 import logging
 
-from infeed.errors import CorruptRecordError
+from infeed.errors import CorruptRecordError, located_os_error
 
 cdef extern from "_crc32c.h":
     uint32_t infeed_crc32c_extend(uint32_t crc, const uint8_t *data, size_t n) nogil
@@ -38,14 +38,8 @@ class CompressedStreamError(Exception):
 
 def located_io_error(OSError error, str path, int64_t record_index, int64_t offset):
     """``error``, raised by the stream under a reader, as an OSError that names the file and where
-    the read was: the same errno (so the same subclass, e.g. ConnectionResetError) and ``filename``."""
-    reason = error.strerror or str(error) or type(error).__name__
-    where = f"{reason} (reading record {record_index} at byte offset {offset})"
-    if error.errno:
-        return OSError(error.errno, where, path)
-    out = OSError(f"{path}: {where}")
-    out.filename = path
-    return out
+    the read was (see :func:`infeed.errors.located_os_error`)."""
+    return located_os_error(error, path, f"reading record {record_index} at byte offset {offset}")
 
 
 ctypedef uint32_t (*crc_function)(uint32_t, const uint8_t *, size_t) noexcept nogil

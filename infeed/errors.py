@@ -24,6 +24,18 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+def located_os_error(error: OSError, path: str, where: str) -> OSError:
+    """``error`` (raised by a stream under a reader) as an OSError naming the file, with ``where``
+    (what was being read) after its reason: the same errno, so the same subclass (e.g.
+    ConnectionResetError), and ``filename`` set to ``path``."""
+    reason = f"{error.strerror or str(error) or type(error).__name__} ({where})"
+    if error.errno:
+        return OSError(error.errno, reason, path)
+    out = OSError(f"{path}: {reason}")
+    out.filename = path
+    return out
+
+
 class InfeedError(Exception):
     """Base class of every error infeed raises on purpose."""
 

@@ -9,6 +9,7 @@ import time
 import zlib
 
 from infeed._native import _tfrecord
+from infeed.errors import located_os_error
 
 __all__ = ["read_records", "open_input", "open_random_access", "COMPRESSIONS", "RecordReader"]
 
@@ -149,12 +150,7 @@ def open_input(path: str):
 
 
 def _located(error: OSError, path: str, offset: int, n: int) -> OSError:
-    reason = f"{error.strerror or error or type(error).__name__} (reading {n} bytes at byte offset {offset})"
-    if error.errno:
-        return OSError(error.errno, reason, path)
-    out = OSError(f"{path}: {reason}")
-    out.filename = path
-    return out
+    return located_os_error(error, path, f"reading {n} bytes at byte offset {offset}")
 
 
 class _LocalRandomAccess:
