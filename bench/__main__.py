@@ -37,8 +37,8 @@ SUITES = {
         args.layouts or tuple(decode.datasets.LAYOUTS), scale=args.scale, quick=args.quick, repeats=args.repeats,
         data_dir=args.data_dir, seed=args.seed, cpu=args.cpu, tensorflow=not args.no_tf),
     "infeed": lambda args: infeed_suite.run(
-        args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, slots=args.slots, scale=args.scale, quick=args.quick,
-        repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
+        args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, slots=args.slots, scale=args.scale,
+        quick=args.quick, repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
     "loop": lambda args: loop_suite.run(
         list(args.devices or loop_suite.DEVICES), models=args.models or loop_suite.MODELS, quick=args.quick,
         repeats=args.repeats),
@@ -180,7 +180,7 @@ def _elapsed(since: float) -> str:
 
 
 #: ``python -m bench compare OLD NEW`` and ``python -m bench report RESULTS``.
-SUBCOMMANDS = {"compare": lambda argv: compare.main(argv), "report": lambda argv: report.main(argv)}
+SUBCOMMANDS = {"compare": compare.main, "report": report.main}
 
 
 if __name__ == "__main__":

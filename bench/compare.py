@@ -112,7 +112,8 @@ def format_changes(changes: list[Change], only: list[str], threshold: float, eve
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench compare", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("old", help="the results file to compare against")
     p.add_argument("new", help="the newer results file")
     p.add_argument("--threshold", type=float, default=THRESHOLD,

@@ -41,7 +41,8 @@ from dataclasses import asdict, dataclass, field
 
 __all__ = [
     "Case", "Measurement", "Figure", "Timing", "Ratio", "SuiteResult", "interleave", "pinned_to_one_cpu",
-    "settle_allocator", "machine_facts", "jax_devices", "format_result", "format_table", "format_timings", "format_ratios",
+    "settle_allocator", "machine_facts", "jax_devices", "format_result", "format_table", "format_timings",
+    "format_ratios",
     "write_json", "log", "NOISE_BOUND", "QUARTILE_RUNS", "noise_flag", "relative_spread",
 ]
 

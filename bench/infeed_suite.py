@@ -76,7 +76,8 @@ from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interle
 
 __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
            "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
-           "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "QUICK_MIN_BATCHES", "SMALLEST",
+           "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "QUICK_MIN_BATCHES",
+           "SMALLEST",
            "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS"]
 
 SUITE = "infeed"
@@ -310,8 +311,9 @@ def handoff_samples(path: str, spec: Mapping, rounds: int, slots: int = SLOTS) -
 # --- the suite -------------------------------------------------------------------------------------
 
 def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[int] = WORKERS,
-        slots: Sequence[int] = SLOT_SWEEP, records: Mapping[str, int] | None = None, scale: float = 1.0, quick: bool = False,
-        repeats: int | None = None, data_dir=None, seed: int = 0, batch_size: int = BATCH_SIZE) -> SuiteResult:
+        slots: Sequence[int] = SLOT_SWEEP, records: Mapping[str, int] | None = None, scale: float = 1.0,
+        quick: bool = False, repeats: int | None = None, data_dir=None, seed: int = 0,
+        batch_size: int = BATCH_SIZE) -> SuiteResult:
     """Measures every layout; returns the figures, timings, ratios against TARGETS and notes.
 
     workers: the worker counts to run the daemon with (each a positive int).
@@ -338,8 +340,8 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     sizes = {name: min(batch_size, max(1, counts[name] // SMALLEST)) for name in layouts}
     result = SuiteResult(SUITE, group_label="layout", name_label="pipeline",
                          params={"layouts": list(layouts), "records": counts, "batch_size": sizes,
-                                 "workers": workers, "slots": SLOTS, "slot_sweep": slots, "repeats": repeats, "warmup": WARMUP, "seed": seed,
-                                 "pinned": False, "cpus_allowed": _cpus()})
+                                 "workers": workers, "slots": SLOTS, "slot_sweep": slots, "repeats": repeats,
+                                 "warmup": WARMUP, "seed": seed, "pinned": False, "cpus_allowed": _cpus()})
     base = min(workers)
     overshoot = sleep_overshoot()
     result.params["sleep_overshoot_us"] = overshoot * 1e6

@@ -3,7 +3,6 @@ with an error naming the file, before any of it is parsed, let alone run."""
 
 import hashlib
 import json
-import os
 import pickle
 import re
 import subprocess
