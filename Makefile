@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 
 .PHONY: demo test bench fuzz asan clean
 
-$(STAMP): setup.py pyproject.toml $(wildcard infeed/*.pyx infeed/*.pxd infeed/*.h infeed/_crc32c.c)
+$(STAMP): setup.py pyproject.toml $(wildcard infeed/*/*.pyx infeed/*/*.pxd infeed/*/*.h infeed/tfrecord/_crc32c.c)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -15,8 +15,8 @@ $(STAMP): setup.py pyproject.toml $(wildcard infeed/*.pyx infeed/*.pxd infeed/*.
 # The infeed's own check (write, read back, compare every value; ~10 s), then the main job: the estimator
 # trained on scikit-learn's digits through TFRecords and the daemon, evaluated, exported and served.
 demo: $(STAMP)
-	$(BIN)/python -m infeed.demo
-	$(BIN)/python -m estimator.demo
+	$(BIN)/python examples/infeed_roundtrip.py
+	$(BIN)/python examples/digits.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -37,4 +37,4 @@ asan: $(STAMP)
 	PY=$(BIN)/python ASAN_SECONDS=$${ASAN_SECONDS:-60} tests/fuzz/run_asan.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info infeed/*.so infeed/_tfrecord.c infeed/_example.c infeed/_ring.c
+	rm -rf $(VENV) build *.egg-info infeed/*/*.so infeed/tfrecord/_tfrecord.c infeed/example/_example.c infeed/ring/_ring.c

@@ -7,12 +7,12 @@ from setuptools import Extension, find_packages, setup
 COMPILE_ARGS = ["-O3", "-fno-strict-aliasing"]
 
 extensions = [
-    Extension("infeed._tfrecord", ["infeed/_tfrecord.pyx", "infeed/_crc32c.c"],
-              include_dirs=["infeed"], extra_compile_args=COMPILE_ARGS),
-    Extension("infeed._example", ["infeed/_example.pyx"],
+    Extension("infeed.tfrecord._tfrecord", ["infeed/tfrecord/_tfrecord.pyx", "infeed/tfrecord/_crc32c.c"],
+              include_dirs=["infeed/tfrecord"], extra_compile_args=COMPILE_ARGS),
+    Extension("infeed.example._example", ["infeed/example/_example.pyx"],
               include_dirs=[numpy.get_include()], extra_compile_args=COMPILE_ARGS,
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]),
-    Extension("infeed._ring", ["infeed/_ring.pyx"], extra_compile_args=COMPILE_ARGS),
+    Extension("infeed.ring._ring", ["infeed/ring/_ring.pyx"], extra_compile_args=COMPILE_ARGS),
 ]
 
 setup(
@@ -20,11 +20,12 @@ setup(
     version="0.1.0",
     description="TPUEstimator's ideas on JAX and XLA: TFRecord infeed, compiled loops, estimator",
     python_requires=">=3.11",
-    packages=find_packages(include=["infeed", "infeed.*", "xla_runtime", "xla_runtime.*",
-                                    "estimator", "estimator.*", "bench", "bench.*"]),
+    # bench/ is run from a checkout (`python -m bench`), never installed: "bench" is no name to take in site-packages.
+    packages=find_packages(include=["infeed", "infeed.*", "xla_runtime", "xla_runtime.*", "estimator", "estimator.*"]),
     ext_modules=cythonize(extensions, language_level=3,
                           compiler_directives={"embedsignature": True}),
-    package_data={"infeed": ["*.pyx", "*.pxd", "*.h"]},
+    package_data={"infeed.tfrecord": ["*.pyx", "*.pxd", "*.h"], "infeed.example": ["*.pyx"],
+                  "infeed.ring": ["*.pyx"]},
     install_requires=[
         "jax==0.10.2",
         "jaxlib==0.10.2",
@@ -45,5 +46,5 @@ setup(
         "tf": ["tensorflow-cpu==2.21.0"],
         "fuzz": ["atheris>=2.3,<4"],
     },
-    entry_points={"console_scripts": ["infeed=infeed.cli:main"]},
+    entry_points={"console_scripts": ["infeed=infeed.commands.cli:main"]},
 )

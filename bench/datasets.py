@@ -13,7 +13,9 @@ The same (layout, records, seed) always gives the same file, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -144,3 +146,25 @@ def ensure_dataset(layout: Layout, data_dir, records: int, seed: int = 0) -> Dat
         if os.path.exists(tmp):
             os.unlink(tmp)
     return Dataset(layout, path, records, ds.nbytes, ds.write_seconds)
+
+
+def ensure_datasets(stack: contextlib.ExitStack, data_dir, counts: Mapping[str, int], seed: int,
+                    log: Callable[[str], None], suite: str) -> list[Dataset]:
+    """:func:`ensure_dataset` for each layout name of ``counts`` (in its order) in ``data_dir``: a temporary
+    directory that ``stack`` removes when None. Logs each write as ``<suite>: writing ...``."""
+    if data_dir is None:
+        data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="infeed-bench-"))
+    else:
+        os.makedirs(data_dir, exist_ok=True)
+    written = []
+    for name, count in counts.items():
+        log(f"{suite}: writing {count:,} {name} records to {data_dir} ...")
+        written.append(ensure_dataset(LAYOUTS[name], data_dir, count, seed))
+    return written
+
+
+def data_note(ds: Dataset, detail: str = "") -> str:
+    """The report's note on a suite's data file: records, size, ``detail``, and whether it was reused."""
+    how = "reused" if ds.write_seconds is None else f"written in {ds.write_seconds:.1f} s"
+    return (f"data: {ds.layout.name}: {ds.records:,} records, {ds.nbytes / 1e6:,.1f} MB "
+            f"({ds.nbytes / ds.records:,.0f} B/record), {detail}{how}: {ds.path}")

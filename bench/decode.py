@@ -24,7 +24,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -198,18 +197,8 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, records: Mapping[st
                          params={"layouts": list(layouts), "records": counts, "repeats": repeats, "warmup": 1,
                                  "batch_size": batch_size, "seed": seed})
     with contextlib.ExitStack() as stack:
-        if data_dir is None:
-            data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="infeed-bench-"))
-        else:
-            os.makedirs(data_dir, exist_ok=True)
-        files = []
-        for name in layouts:
-            log(f"decode: writing {counts[name]:,} {name} records to {data_dir} ...")
-            ds = datasets.ensure_dataset(datasets.LAYOUTS[name], data_dir, counts[name], seed)
-            how = "reused" if ds.write_seconds is None else f"written in {ds.write_seconds:.1f} s"
-            result.notes.append(f"data: {name}: {ds.records:,} records, {ds.nbytes / 1e6:,.1f} MB "
-                                f"({ds.nbytes / ds.records:,.0f} B/record), {how}: {ds.path}")
-            files.append(ds)
+        files = datasets.ensure_datasets(stack, data_dir, counts, seed, log, "decode")
+        result.notes.extend(datasets.data_note(ds) for ds in files)
         pinned = stack.enter_context(pinned_to_one_cpu(cpu))
         # TensorFlow is imported after pinning, so that its thread pools start on the one CPU too.
         tf = _import_tensorflow() if tensorflow else None

@@ -465,7 +465,7 @@ def machine_facts(extra: dict | None = None) -> dict:
         **_versions("jax", "jaxlib", "optax", "orbax-checkpoint", "pyarrow"),
     }
     try:
-        from infeed import _tfrecord
+        from infeed.tfrecord import _tfrecord
 
         facts["crc32c"] = _tfrecord.crc32c_implementation()
     except ImportError:

@@ -64,7 +64,6 @@ import dataclasses
 import itertools
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
@@ -346,18 +345,8 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     overshoot = sleep_overshoot()
     result.params["sleep_overshoot_us"] = overshoot * 1e6
     with contextlib.ExitStack() as stack:
-        if data_dir is None:
-            data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="infeed-bench-"))
-        else:
-            os.makedirs(data_dir, exist_ok=True)
-        written = []
-        for name in layouts:
-            log(f"infeed: writing {counts[name]:,} {name} records to {data_dir} ...")
-            ds = datasets.ensure_dataset(datasets.LAYOUTS[name], data_dir, counts[name], seed)
-            how = "reused" if ds.write_seconds is None else f"written in {ds.write_seconds:.1f} s"
-            result.notes.append(f"data: {name}: {ds.records:,} records, {ds.nbytes / 1e6:,.1f} MB "
-                                f"({ds.nbytes / ds.records:,.0f} B/record), batch {sizes[name]}, {how}: {ds.path}")
-            written.append(ds)
+        written = datasets.ensure_datasets(stack, data_dir, counts, seed, log, SUITE)
+        result.notes.extend(datasets.data_note(ds, f"batch {sizes[ds.layout.name]}, ") for ds in written)
         for ds in written:
             _measure_layout(result, ds, sizes[ds.layout.name], workers, slots, repeats, overshoot, base)
     spin = ", ".join(f"W={w} {'off' if not v else f'{v * 1e6:g} us'}"

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import infeed
-from infeed.dataset import PADDING_KEY
+from infeed.daemon.dataset import PADDING_KEY
 from xla_runtime import Feeder
 
 __all__ = ["Input", "split_batch", "fetch", "local_part", "gather_json", "PADDING_KEY"]

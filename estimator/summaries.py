@@ -38,10 +38,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Self
 
-from infeed.example import varint
-from infeed.files import expand_files
-from infeed.reader import read_records
-from infeed.writer import TFRecordWriter
+from infeed.example.codec import varint
+from infeed.tfrecord import TFRecordWriter, expand_files, read_records
 
 __all__ = ["SummaryWriter", "read_scalars"]
 

@@ -1,14 +1,18 @@
-"""infeed: TFRecord reading, writing and tf.train.Example decoding into fixed-shape batches."""
+"""infeed: TFRecord files decoded by worker processes into fixed-shape batches in shared memory.
 
-from infeed.daemon import Batch, Daemon, Feed, attach
-from infeed.dataset import Dataset
+The sub-packages follow a batch's path: :mod:`infeed.tfrecord` (files and records) ->
+:mod:`infeed.example` (specs and the decoder) -> :mod:`infeed.ring` (shared-memory slots) ->
+:mod:`infeed.daemon` (datasets, workers, the trainer's feed); :mod:`infeed.commands` is the CLI.
+"""
+
+from infeed import _native  # noqa: F401  (first: an unbuilt checkout fails saying how to build it)
+from infeed.daemon import Batch, Daemon, Dataset, Feed, attach
 from infeed.errors import (AttachError, CorruptRecordError, DecodeError, IndexFileError, InfeedError, ShmSpaceError,
                            Timeout, WorkerDied)
-from infeed.example import ExampleParser, decode_example, encode_example, parse_examples
-from infeed.reader import read_records
+from infeed.example import (Bytes, ExampleParser, FixedLen, Padded, VarLen, decode_example, encode_example,
+                            parse_examples)
 from infeed.ring import Ring
-from infeed.spec import Bytes, FixedLen, Padded, VarLen
-from infeed.writer import TFRecordWriter
+from infeed.tfrecord import TFRecordWriter, read_records
 
 __all__ = [
     "AttachError",

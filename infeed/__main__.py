@@ -2,7 +2,7 @@
 
 import sys
 
-from infeed.cli import main
+from infeed.commands.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,11 +1,12 @@
-"""The compiled extensions, with an error that says how to build them when they are missing."""
+"""The compiled extensions, imported first by ``infeed/__init__.py`` so that an unbuilt checkout fails
+with the command that builds them."""
 
 try:
-    from infeed import _example, _ring, _tfrecord
-except ImportError as e:  # pragma: no cover - exercised by hand on an unbuilt checkout
+    from infeed.tfrecord import _tfrecord  # noqa: F401
+    from infeed.example import _example  # noqa: F401
+    from infeed.ring import _ring  # noqa: F401
+except ImportError as e:  # pragma: no cover - exercised by tests/infeed/test_native.py in a subprocess
     raise ImportError(
         f"infeed's Cython extensions are not built ({e}). Build them with `pip install -e .` "
         "from the project's root (or `make demo`, which creates .venv and does it)."
     ) from e
-
-__all__ = ["_example", "_ring", "_tfrecord"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import signal as _signal
 
-__all__ = ["InfeedError", "CorruptRecordError", "DecodeError", "CORRUPTION_KINDS",
-           "WorkerDied", "Timeout", "AttachError", "ShmSpaceError", "IndexFileError"]
+__all__ = ["InfeedError", "CorruptRecordError", "CompressedStreamError", "DecodeError", "CORRUPTION_KINDS",
+           "WorkerDied", "Timeout", "AttachError", "ShmSpaceError", "IndexFileError", "ColumnError", "ConvertError"]
 
 #: What `CorruptRecordError.kind` can be, and what each means.
 CORRUPTION_KINDS = {
@@ -62,6 +62,12 @@ class CorruptRecordError(InfeedError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.record_index, self.offset, self.kind, self.detail))
+
+
+class CompressedStreamError(InfeedError):
+    """A GZIP/ZLIB stream under a reader is damaged: raised by the decompressing stream, and turned by
+    the reader into a :class:`CorruptRecordError` of kind ``compressed_stream`` naming the file, the
+    damaged compressed byte and the last good record."""
 
 
 class DecodeError(InfeedError, ValueError):
@@ -187,3 +193,33 @@ class IndexFileError(InfeedError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.problem))
+
+
+class ColumnError(InfeedError, ValueError):
+    """A column that a tf.train.Example cannot hold: its type, or one of its values.
+
+    Attributes: ``column`` (name), ``arrow_type`` (its Arrow type, as a string),
+    ``problem`` (what is wrong and what to do), ``row`` (index of the
+    offending row in its input, or None when the type itself is the problem)
+    and ``path`` (the input, where known).
+    """
+
+    def __init__(self, column: str, arrow_type, problem: str, row: int | None = None, path: str | None = None):
+        self.column = column
+        self.arrow_type = str(arrow_type)
+        self.problem = problem
+        self.row = row
+        self.path = path
+        where = f"column {column!r} ({self.arrow_type})"
+        if row is not None:
+            where += f", row {row}"
+        if path is not None:
+            where = f"{path}: {where}"
+        super().__init__(f"{where}: {problem}")
+
+    def __reduce__(self):
+        return (type(self), (self.column, self.arrow_type, self.problem, self.row, self.path))
+
+
+class ConvertError(InfeedError, ValueError):
+    """``infeed convert`` cannot run as asked: a missing or unreadable input, a bad argument or column."""

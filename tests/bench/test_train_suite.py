@@ -11,7 +11,7 @@ import pytest
 
 from bench import __main__ as bench_main
 from bench import train_suite as suite
-from infeed.gc import orphans
+from infeed.ring.orphans import orphans
 
 K, STEPS = 10, 20
 

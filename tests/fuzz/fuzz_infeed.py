@@ -54,8 +54,9 @@ with atheris.instrument_imports(include=["reference", "infeed"]):
 
     import infeed
     import reference as ref
-    from infeed import Bytes, FixedLen, Padded, VarLen, _tfrecord
-    from infeed.reader import _Decompressing
+    from infeed import Bytes, FixedLen, Padded, VarLen
+    from infeed.tfrecord import _tfrecord
+    from infeed.tfrecord.reader import _Decompressing
 
 SPECS = [
     {"k": VarLen("int64", max_len=4)},

@@ -12,7 +12,7 @@
 # A plain PYTHONPATH=build/asan cannot shadow them (infeed is a regular package whose
 # __path__ is ./infeed only, and the harness puts the project root first on sys.path), so a
 # generated sitecustomize.py in build/asan/_boot, on PYTHONPATH, installs a meta-path finder
-# that loads infeed._tfrecord/_example/_ring from build/asan and nothing else; it is
+# that loads infeed's three extensions from build/asan and nothing else; it is
 # inherited by -fork/-jobs children too.  The script checks the loaded __file__ first.
 set -euo pipefail
 
@@ -47,10 +47,10 @@ _LIB = os.environ["INFEED_ASAN_LIB"]
 class _AsanExtensionFinder:
     @staticmethod
     def find_spec(name, path=None, target=None):
-        if name not in ("infeed._tfrecord", "infeed._example", "infeed._ring"):
+        if name not in ("infeed.tfrecord._tfrecord", "infeed.example._example", "infeed.ring._ring"):
             return None
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            f = os.path.join(_LIB, "infeed", name.split(".")[1] + suffix)
+            f = os.path.join(_LIB, *name.split(".")) + suffix
             if os.path.exists(f):
                 return importlib.util.spec_from_file_location(name, f)
         raise ImportError(f"no ASan build of {name} in {_LIB}")
@@ -117,9 +117,9 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:abort_o
 
 # Only python runs with the runtime preloaded (the build above must not).
 LD_PRELOAD=$PRELOAD "$PY" - <<'EOF'
-import os, infeed._tfrecord, infeed._example, infeed._ring
+import os, infeed.tfrecord._tfrecord, infeed.example._example, infeed.ring._ring
 lib = os.environ["INFEED_ASAN_LIB"]
-for m in (infeed._tfrecord, infeed._example, infeed._ring):
+for m in (infeed.tfrecord._tfrecord, infeed.example._example, infeed.ring._ring):
     print(f"asan: {m.__name__} from {m.__file__}")
     assert m.__file__.startswith(lib + os.sep), f"{m.__name__} is not the ASan build"
 EOF

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import infeed
-from infeed.cli import main
+from infeed.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,7 @@ def test_corrupt_file_exits_1_naming_file_record_and_offset(tmp_path, capsys):
 
 
 def test_wrong_format_exits_2_without_a_traceback_in_a_fresh_process(tmp_path, table_file):
-    out = subprocess.run([sys.executable, "-c", "import sys; from infeed.cli import main; sys.exit(main())",
+    out = subprocess.run([sys.executable, "-c", "import sys; from infeed.commands.cli import main; sys.exit(main())",
                           "convert", table_file, "-o", str(tmp_path / "t"), "--format", "feather"],
                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 2 and "cannot read it as arrow" in out.stderr and "Traceback" not in out.stderr

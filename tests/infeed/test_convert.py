@@ -14,9 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import infeed
-from infeed import convert as convert_module
-from infeed.arrow_examples import ColumnError, encode_batch, plan_columns
-from infeed.convert import ConvertError, convert, detect_format, shard_paths, shard_sizes
+from infeed.commands import convert as convert_module
+from infeed.commands.convert import convert, detect_format, shard_paths, shard_sizes
+from infeed.errors import ColumnError, ConvertError
+from infeed.example.arrow import encode_batch, plan_columns
 
 
 def read_back(paths):

@@ -8,8 +8,8 @@ import pytest
 
 import infeed
 from infeed import Bytes, Daemon, Dataset, FixedLen, VarLen
-from infeed.plan import ShuffleBuffer, epoch_paths
-from infeed.ring import SHM_DIR
+from infeed.daemon.plan import ShuffleBuffer, epoch_paths
+from infeed.ring.segments import SHM_DIR
 
 SPEC = {"id": FixedLen((), "int64"), "tokens": VarLen("int32", max_len=4), "name": Bytes(max_bytes=8)}
 SIZES = (40, 23, 37)          # records per file: 100 in all
@@ -218,7 +218,7 @@ def test_resume_with_stacked_slots_and_compressed_files_read_through_uris(files,
 @pytest.fixture
 def indexed(files, tmp_path):
     """Copies of the files, each with an `infeed index` sidecar."""
-    from infeed.index import build_index, write_index
+    from infeed.tfrecord.index import build_index, write_index
 
     paths = []
     for path in files:

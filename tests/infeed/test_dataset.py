@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import infeed
-from infeed.index import build_index, write_index
+from infeed.tfrecord.index import build_index, write_index
 
 SPEC = {"x": infeed.FixedLen((), "float32")}
 

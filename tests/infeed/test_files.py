@@ -2,7 +2,7 @@
 
 import pytest
 
-from infeed.files import expand_files
+from infeed.tfrecord.files import expand_files
 
 
 @pytest.fixture

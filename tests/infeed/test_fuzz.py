@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import infeed
-from infeed import Bytes, FixedLen, Padded, VarLen, _tfrecord
+from infeed import Bytes, FixedLen, Padded, VarLen
+from infeed.tfrecord import _tfrecord
 
 import reference as ref
 

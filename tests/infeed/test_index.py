@@ -8,22 +8,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tfrecord_files import write_records
 
 import infeed
-from infeed import _tfrecord
-from infeed.cli import main
+from infeed.commands.cli import main
 from infeed.errors import IndexFileError
-from infeed.index import RecordIndex, build_index, index_path, load_index, write_index
+from infeed.tfrecord import _tfrecord
+from infeed.tfrecord.index import RecordIndex, build_index, index_path, load_index, write_index
 
 RECORDS = [infeed.encode_example({"x": list(range(n)), "id": b"r%d" % n}) for n in (0, 1, 7, 300)] + [b"", b"z"]
 HEADER = struct.Struct("<8sIIQQI4x")
 
 
 def _write(path, records=RECORDS, compression=None):
-    with infeed.TFRecordWriter(path, compression=compression) as w:
-        for r in records:
-            w.write(r)
-    return str(path)
+    return str(write_records(path, records, compression))
 
 
 def _walk_framing(data: bytes):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import infeed
-from infeed.inspect_file import format_text, suggest_spec, summarize, to_json
+from infeed.commands.inspect import format_text, suggest_spec, summarize, to_json
 
 
 def write(path, examples, compression=None):

@@ -7,8 +7,8 @@ BLOCK = """
 import sys
 class NotBuilt:
     def find_spec(self, name, path=None, target=None):
-        if name == "infeed._example":
-            raise ImportError("No module named 'infeed._example'")
+        if name == "infeed.example._example":
+            raise ImportError("No module named 'infeed.example._example'")
 sys.meta_path.insert(0, NotBuilt())
 import infeed
 """

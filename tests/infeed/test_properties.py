@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import infeed
-from infeed import Bytes, FixedLen, Padded, VarLen, _tfrecord
+from infeed import Bytes, FixedLen, Padded, VarLen
+from infeed.tfrecord import _tfrecord
 
 import reference as ref
 

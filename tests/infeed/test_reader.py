@@ -7,19 +7,10 @@ import struct
 import zlib
 
 import pytest
+from tfrecord_files import SAMPLE_RECORDS, write_records
 
 import infeed
-from infeed import _tfrecord
-
-
-def _write(path, records, compression=None):
-    with infeed.TFRecordWriter(path, compression=compression) as w:
-        for r in records:
-            w.write(r)
-    return path
-
-
-RECORDS = [b"", b"a", b"hello world" * 10, os.urandom(5000), bytes(range(256)) * 3]
+from infeed.tfrecord import _tfrecord
 
 
 def test_crc32c_matches_the_standard_check_value():
@@ -45,21 +36,21 @@ def test_frame_is_the_tfrecord_layout():
 
 @pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
 def test_written_records_read_back(tmp_path, compression):
-    path = _write(tmp_path / "r.tfrecord", RECORDS, compression)
-    assert list(infeed.read_records(path, compression=compression)) == RECORDS
-    assert list(infeed.read_records(path)) == RECORDS            # auto: sniffed
+    path = write_records(tmp_path / "r.tfrecord", SAMPLE_RECORDS, compression)
+    assert list(infeed.read_records(path, compression=compression)) == SAMPLE_RECORDS
+    assert list(infeed.read_records(path)) == SAMPLE_RECORDS            # auto: sniffed
 
 
 @pytest.mark.parametrize("buffer_size", [64, 100, 4096])
 @pytest.mark.parametrize("compression", [None, "GZIP"])
 def test_records_larger_than_the_buffer_straddle_it(tmp_path, buffer_size, compression):
     records = [os.urandom(n) for n in (0, 1, 63, 64, 65, 700, 10_000, 3)]
-    path = _write(tmp_path / "r.tfrecord", records, compression)
+    path = write_records(tmp_path / "r.tfrecord", records, compression)
     assert list(infeed.read_records(path, buffer_size=buffer_size)) == records
 
 
 def test_buffer_size_below_a_header_is_refused(tmp_path):
-    path = _write(tmp_path / "r.tfrecord", RECORDS)
+    path = write_records(tmp_path / "r.tfrecord", SAMPLE_RECORDS)
     with pytest.raises(ValueError, match="buffer_size"):
         infeed.read_records(path, buffer_size=8)
 
@@ -84,44 +75,44 @@ def test_unknown_compression_is_refused(tmp_path):
 
 
 def test_uris_go_through_pyarrow_filesystems(tmp_path):
-    path = _write(tmp_path / "r.tfrecord.gz", RECORDS, "GZIP")
-    assert list(infeed.read_records(path.as_uri())) == RECORDS
+    path = write_records(tmp_path / "r.tfrecord.gz", SAMPLE_RECORDS, "GZIP")
+    assert list(infeed.read_records(path.as_uri())) == SAMPLE_RECORDS
     out = (tmp_path / "w.tfrecord").as_uri()
-    _write(out, RECORDS)
-    assert list(infeed.read_records(tmp_path / "w.tfrecord")) == RECORDS
+    write_records(out, SAMPLE_RECORDS)
+    assert list(infeed.read_records(tmp_path / "w.tfrecord")) == SAMPLE_RECORDS
 
 
 def test_gzip_written_by_python_gzip_reads(tmp_path):
     """Any GZIP writer, including concatenated members (as `cat a.gz b.gz` makes)."""
-    framed = b"".join(_tfrecord.frame(r) for r in RECORDS)
+    framed = b"".join(_tfrecord.frame(r) for r in SAMPLE_RECORDS)
     path = tmp_path / "cat.tfrecord.gz"
     path.write_bytes(gzip.compress(framed[:100]) + gzip.compress(framed[100:]))
-    assert list(infeed.read_records(path)) == RECORDS
+    assert list(infeed.read_records(path)) == SAMPLE_RECORDS
 
 
 def test_read_batch_returns_up_to_n_records(tmp_path):
-    path = _write(tmp_path / "r.tfrecord", RECORDS)
+    path = write_records(tmp_path / "r.tfrecord", SAMPLE_RECORDS)
     reader = infeed.read_records(path)
-    assert reader.read_batch(2) == RECORDS[:2]
-    assert reader.read_batch(10) == RECORDS[2:]
+    assert reader.read_batch(2) == SAMPLE_RECORDS[:2]
+    assert reader.read_batch(10) == SAMPLE_RECORDS[2:]
     assert reader.read_batch(10) == []
 
 
 def test_read_batch_of_zero_reads_nothing_and_negative_is_refused(tmp_path):
-    reader = infeed.read_records(_write(tmp_path / "r.tfrecord", RECORDS))
+    reader = infeed.read_records(write_records(tmp_path / "r.tfrecord", SAMPLE_RECORDS))
     assert reader.read_batch(0) == []
     with pytest.raises(ValueError, match="max_records"):
         reader.read_batch(-1)
-    assert list(reader) == RECORDS
+    assert list(reader) == SAMPLE_RECORDS
 
 
 def test_tell_is_the_offset_of_the_next_record(tmp_path):
-    path = _write(tmp_path / "r.tfrecord", RECORDS)
+    path = write_records(tmp_path / "r.tfrecord", SAMPLE_RECORDS)
     reader = infeed.read_records(path)
     offsets = [reader.tell()]
     for _ in reader:
         offsets.append(reader.tell())
-    assert offsets == [sum(len(r) + 16 for r in RECORDS[:i]) for i in range(len(RECORDS) + 1)]
+    assert offsets == [sum(len(r) + 16 for r in SAMPLE_RECORDS[:i]) for i in range(len(SAMPLE_RECORDS) + 1)]
 
 
 def test_writer_refuses_writes_after_close(tmp_path):
@@ -145,9 +136,9 @@ def test_flush_makes_compressed_records_readable_before_close(tmp_path):
 
 
 def test_reader_reads_any_stream_with_readinto():
-    data = b"".join(_tfrecord.frame(r) for r in RECORDS)
+    data = b"".join(_tfrecord.frame(r) for r in SAMPLE_RECORDS)
     reader = _tfrecord.RecordReader(io.BytesIO(data), "<memory>", len(data), False, 64)
-    assert list(reader) == RECORDS
+    assert list(reader) == SAMPLE_RECORDS
 
 
 def test_a_damaged_plain_file_that_starts_like_zlib_is_read_as_plain(tmp_path):

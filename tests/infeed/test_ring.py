@@ -1,8 +1,8 @@
 """infeed/ring.py: the shared-memory ring of batch slots."""
 
 import errno
-import multiprocessing
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 
 import infeed
-from infeed import ring as ring_mod
-from infeed.ring import SHM_DIR, Ring, layout_of, watch_processes
-from infeed.spec import Bytes, FixedLen, Padded, VarLen
+from infeed.example.spec import Bytes, FixedLen, Padded, VarLen
+from infeed.ring import Ring
+from infeed.ring import ring as ring_mod
+from infeed.ring.layout import ERROR_PAYLOAD, layout_of
+from infeed.ring.processes import watch_processes
+from infeed.ring.segments import SHM_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {"x": FixedLen((3,), "float32"), "label": FixedLen((), "int64"),
@@ -291,7 +294,7 @@ def test_error_record_truncates_what_does_not_fit():
         r.set_error(RuntimeError("x" * 100_000), signal=11)
         rec = r.error()
         assert rec.exception is None and rec.signal == 11 and rec.message.startswith("RuntimeError: xxx")
-        assert len(rec.message) < ring_mod.ERROR_PAYLOAD
+        assert len(rec.message) < ERROR_PAYLOAD
 
 
 # --- cleanup --------------------------------------------------------------------------------
@@ -377,7 +380,7 @@ def test_ctrl_c_during_a_wait_interrupts_it_and_unlinks():
 
 
 def test_pin_registers_the_slots_with_cuda_where_present_and_close_undoes_it(monkeypatch):
-    from infeed import pinning
+    from infeed.ring import pinning
 
     calls = []
     monkeypatch.setattr(pinning, "register", lambda address, size: calls.append(("register", address, size)) or True)
@@ -390,7 +393,7 @@ def test_pin_registers_the_slots_with_cuda_where_present_and_close_undoes_it(mon
 
 
 def test_without_a_cuda_driver_pinning_is_a_quiet_no(monkeypatch):
-    from infeed import pinning
+    from infeed.ring import pinning
 
     monkeypatch.setattr(pinning, "_runtime", False)          # probed: no driver, or no runtime library
     assert pinning.cuda_runtime() is None and pinning.register(0, 4096) is False

@@ -12,8 +12,8 @@ import pytest
 
 import infeed
 from infeed import Daemon, Dataset, FixedLen
-from infeed.cli import main as cli_main
-from infeed.ring import SHM_DIR
+from infeed.commands.cli import main as cli_main
+from infeed.ring.segments import SHM_DIR
 
 SPEC = {"id": FixedLen((), "int64"), "x": FixedLen((3,), "float32")}
 

@@ -14,7 +14,8 @@ import pytest
 
 import infeed
 from infeed import FixedLen
-from infeed.ring import SHM_DIR, process_state
+from infeed.ring.processes import process_state
+from infeed.ring.segments import SHM_DIR
 
 ROOT = str(Path(__file__).resolve().parents[2])
 SPEC = {"id": FixedLen((), "int64")}

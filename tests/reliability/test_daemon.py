@@ -17,9 +17,11 @@ import pytest
 
 import infeed
 from infeed import Daemon, Dataset
-from infeed.cli import main as cli_main
-from infeed.gc import _ring_is_orphan
-from infeed.ring import _HEADER, SHM_DIR, Ring
+from infeed.commands.cli import main as cli_main
+from infeed.ring import Ring
+from infeed.ring.layout import HEADER
+from infeed.ring.orphans import ring_is_orphan
+from infeed.ring.segments import SHM_DIR
 
 from .processes import (SPEC, alive, children, read_line, reaper, segment_path, start_trainer,  # noqa: F401
                         wait_until, write_files)
@@ -103,7 +105,7 @@ def test_a_failing_worker_raises_its_own_exception_with_its_traceback_at_its_bat
     e = info.value
     assert (e.path, e.record_index, e.offset, e.kind) == (bad, 10, offset, "data_crc")
     notes = "\n".join(e.__notes__)
-    assert "Raised in the producer process" in notes and f"infeed{os.sep}worker.py" in notes
+    assert "Raised in the producer process" in notes and os.path.join("infeed", "daemon", "worker.py") in notes
 
 
 def test_a_file_gone_before_its_turn_raises_oserror_with_the_path_at_its_batch(files, tmp_path):
@@ -142,8 +144,8 @@ def test_a_stopped_worker_without_a_timeout_gives_periodic_warnings_naming_it(fi
     caplog.set_level(logging.WARNING, logger="infeed")
     ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
     with Daemon(ds, num_workers=2, slots=4, lock_memory=False) as feed:
-        feed.stall_warning = 0.5
         next(feed)
+        feed.stall_warning = 0.5            # after the first batch, which a busy machine may take longer for
         victim = feed.worker_pids[1]
         reaper.pids.append(victim)
         os.kill(victim, signal.SIGSTOP)
@@ -209,7 +211,7 @@ def _dead_header() -> bytes:
     gone.wait()
     with Ring.create({"x": ((4,), "float32")}, slots=1, lock_memory=False) as ring:
         header = bytearray(open(ring.path, "rb").read(4096))
-    offset = _HEADER.fields["creator_pid"][1]
+    offset = HEADER.fields["creator_pid"][1]
     header[offset:offset + 8] = gone.pid.to_bytes(8, "little")
     return bytes(header)
 
@@ -275,10 +277,10 @@ def test_gc_never_follows_a_link_nor_takes_a_ring_in_creation(tmp_path):
     link.symlink_to(dead)
     creating = tmp_path / "creating"
     creating.write_bytes(header[:8].ljust(4096, b"\0"))           # the magic, no pid yet
-    assert _ring_is_orphan(str(dead))
-    assert not _ring_is_orphan(str(link)) and not _ring_is_orphan(str(creating))
+    assert ring_is_orphan(str(dead))
+    assert not ring_is_orphan(str(link)) and not ring_is_orphan(str(creating))
     os.utime(creating, (time.time() - 3600,) * 2)                 # an hour old: its creator never finished
-    assert _ring_is_orphan(str(creating))
+    assert ring_is_orphan(str(creating))
 
 
 # --- 200 daemons in a row --------------------------------------------------------------------------
@@ -291,10 +293,10 @@ def _own_segments() -> set[str]:
         if name.startswith(prefix) and "-name-" not in name:
             try:
                 with open(segment_path(name), "rb") as f:
-                    raw = f.read(_HEADER.itemsize)
+                    raw = f.read(HEADER.itemsize)
             except OSError:
                 continue
-            if len(raw) == _HEADER.itemsize and int(np.frombuffer(raw, _HEADER, 1)[0]["creator_pid"]) == os.getpid():
+            if len(raw) == HEADER.itemsize and int(np.frombuffer(raw, HEADER, 1)[0]["creator_pid"]) == os.getpid():
                 mine.add(name)
     return mine
 

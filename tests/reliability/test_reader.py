@@ -19,27 +19,21 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tfrecord_files import SAMPLE_RECORDS, write_records
 
 import infeed
-from infeed import Bytes, FixedLen, Padded, VarLen, _tfrecord, reader
+from infeed import Bytes, FixedLen, Padded, VarLen
+from infeed.tfrecord import _tfrecord, reader
 
 BOUNDED = settings(max_examples=60, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-def _write(path, records, compression=None):
-    with infeed.TFRecordWriter(path, compression=compression) as w:
-        for r in records:
-            w.write(r)
-    return path
-
-
-RECORDS = [b"", b"a", b"hello world" * 10, os.urandom(5000), bytes(range(256)) * 3]
-FRAMED = b"".join(_tfrecord.frame(r) for r in RECORDS)
+FRAMED = b"".join(_tfrecord.frame(r) for r in SAMPLE_RECORDS)
 
 
 def _offset(i):
-    return sum(len(r) + 16 for r in RECORDS[:i])
+    return sum(len(r) + 16 for r in SAMPLE_RECORDS[:i])
 
 
 def _damaged(tmp_path, mutate, name="d.tfrecord"):
@@ -75,7 +69,7 @@ def test_each_damage_names_file_record_offset_and_kind(tmp_path, kind, mutate):
         for r in reader_:
             got.append(r)
     err = info.value
-    assert got == RECORDS[:3]
+    assert got == SAMPLE_RECORDS[:3]
     assert (err.kind, err.record_index, err.offset, err.path) == (kind, 3, _offset(3), str(path))
     assert f"{path}: corrupt record 3 at byte offset {_offset(3)}" in str(err)
     with pytest.raises(infeed.CorruptRecordError) as again:          # nothing is yielded past damage
@@ -89,7 +83,7 @@ def test_truncations_are_named_for_what_was_cut(tmp_path):
         path = tmp_path / f"cut{cut}.tfrecord"
         path.write_bytes(FRAMED[:cut])
         got, err = _read_until_error(path)
-        assert got == RECORDS[:4]
+        assert got == SAMPLE_RECORDS[:4]
         assert (err.kind, err.record_index, err.offset, err.path) == (kind, 4, _offset(4), str(path))
 
 
@@ -157,7 +151,7 @@ def test_a_file_that_is_not_a_tfrecord_fails_at_offset_zero_with_a_hint(tmp_path
 
 
 def test_a_plain_file_read_as_gzip_fails_at_offset_zero_with_a_hint(tmp_path):
-    path = _write(tmp_path / "plain.tfrecord", RECORDS)
+    path = write_records(tmp_path / "plain.tfrecord", SAMPLE_RECORDS)
     got, err = _read_until_error(path, compression="GZIP")
     assert got == []
     assert (err.kind, err.offset, err.record_index) == ("compressed_stream", 0, 0)
@@ -174,7 +168,7 @@ def test_damaged_compressed_stream_names_file_and_last_good_record(tmp_path, com
     path.write_bytes(good + b"\x07" + os.urandom(200))         # 0x07: a final block of reserved type 3
     for buffer_size in (64, 8 << 20):
         got, err = _read_until_error(path, buffer_size=buffer_size)
-        assert got == RECORDS
+        assert got == SAMPLE_RECORDS
         assert (err.kind, err.record_index, err.offset, err.path) == ("compressed_stream", 5, len(FRAMED), str(path))
         assert f"invalid block type) at compressed byte {len(good)}" in str(err)
         assert "the last good record is 4" in str(err)
@@ -214,22 +208,22 @@ def test_skip_corrupt_resynchronises_in_the_same_file_and_counts(tmp_path, caplo
     with caplog.at_level(logging.WARNING, logger="infeed"):
         reader_ = infeed.read_records(path, skip_corrupt=True)
         got = list(reader_)
-    assert got == [RECORDS[0], RECORDS[2], RECORDS[4]]
+    assert got == [SAMPLE_RECORDS[0], SAMPLE_RECORDS[2], SAMPLE_RECORDS[4]]
     assert reader_.skipped_regions == 2
-    assert reader_.skipped_bytes == len(RECORDS[1]) + 16 + len(RECORDS[3]) + 16
+    assert reader_.skipped_bytes == len(SAMPLE_RECORDS[1]) + 16 + len(SAMPLE_RECORDS[3]) + 16
     warnings = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(warnings) == 2
     assert f"at byte offset {_offset(1)}" in warnings[0] and "data does not match" in warnings[0]
-    assert f"skipped {len(RECORDS[1]) + 16} bytes" in warnings[0]
+    assert f"skipped {len(SAMPLE_RECORDS[1]) + 16} bytes" in warnings[0]
     assert f"at byte offset {_offset(3)}" in warnings[1] and "length field" in warnings[1]
 
 
 def test_skip_corrupt_with_garbage_between_records(tmp_path):
-    framed = [_tfrecord.frame(r) for r in RECORDS]
+    framed = [_tfrecord.frame(r) for r in SAMPLE_RECORDS]
     path = tmp_path / "g.tfrecord"
     path.write_bytes(framed[0] + os.urandom(333) + framed[1] + b"\0" * 7 + b"".join(framed[2:]))
     reader_ = infeed.read_records(path, skip_corrupt=True)
-    assert list(reader_) == RECORDS
+    assert list(reader_) == SAMPLE_RECORDS
     assert reader_.skipped_bytes == 340 and reader_.skipped_regions == 2
 
 
@@ -238,7 +232,7 @@ def test_skip_corrupt_skip_passes_exactly_the_records_a_read_yields(tmp_path):
     with a read under skip_corrupt, or workers would deliver a record twice or lose one."""
     path = _damaged(tmp_path, lambda d: d.__setitem__(_offset(2) + 30, d[_offset(2) + 30] ^ 1))
     skipping = infeed.read_records(path, skip_corrupt=True)
-    assert skipping.skip(3) == 3 and next(skipping) == RECORDS[4]     # 0, 1, 3 passed: 2 is damaged
+    assert skipping.skip(3) == 3 and next(skipping) == SAMPLE_RECORDS[4]     # 0, 1, 3 passed: 2 is damaged
     assert skipping.skipped_regions == 1
     counting = infeed.read_records(path, skip_corrupt=True)
     assert counting.skip(100) == 4 == len(list(infeed.read_records(path, skip_corrupt=True)))
@@ -297,7 +291,7 @@ def test_an_io_error_mid_read_is_an_oserror_naming_the_file(tmp_path, monkeypatc
     err = info.value
     assert not isinstance(err, infeed.CorruptRecordError)
     assert (err.errno, err.filename) == (errno.EIO, path)
-    assert got == RECORDS[:len(got)]
+    assert got == SAMPLE_RECORDS[:len(got)]
     assert f"reading record {len(got)} at byte offset {_offset(len(got))}" in str(err)
     if compression is None:
         assert len(got) == 3
@@ -366,7 +360,7 @@ def flaky_remote(monkeypatch):
 def test_remote_reads_retry_transient_errors(flaky_remote, caplog):
     fs = flaky_remote(FRAMED, failures=reader.REMOTE_ATTEMPTS - 1)
     with caplog.at_level(logging.WARNING, logger="infeed"):
-        assert list(infeed.read_records("mock://bucket/f.tfrecord", buffer_size=1024)) == RECORDS
+        assert list(infeed.read_records("mock://bucket/f.tfrecord", buffer_size=1024)) == SAMPLE_RECORDS
     assert fs.opens == reader.REMOTE_ATTEMPTS                     # each retry on the file opened afresh
     retries = [r.getMessage() for r in caplog.records if "attempt" in r.getMessage()]
     assert len(retries) == reader.REMOTE_ATTEMPTS - 1 and "mock://bucket/f.tfrecord" in retries[0]
@@ -517,7 +511,7 @@ def test_canary_bytes_around_an_output_row_are_never_touched(tmp_path, name):
     else:
         assert name == "good" and out["v"].lengths[2] == 1
     _assert_only_row_written(out, 2)
-    path = _write(tmp_path / "r.tfrecord", [record])
+    path = write_records(tmp_path / "r.tfrecord", [record])
     out = _canaried(parser, 5)
     try:
         assert parser.read_into(infeed.read_records(path), 1, out, start=2) == (1, len(record))

@@ -11,8 +11,8 @@ import pytest
 
 import infeed
 from infeed import Daemon, Dataset
-from infeed import ring as ring_mod
-from infeed.ring import SHM_DIR, Ring
+from infeed.ring import Ring, segments
+from infeed.ring.segments import SHM_DIR
 
 from .processes import SPEC, children, write_files
 
@@ -39,7 +39,7 @@ def tiny_shm(monkeypatch):
     class Tiny:
         f_bavail, f_frsize, f_bsize = 1, 4096, real.f_bsize
 
-    monkeypatch.setattr(ring_mod.os, "statvfs", lambda path: Tiny())
+    monkeypatch.setattr(segments.os, "statvfs", lambda path: Tiny())
 
 
 def test_too_little_shm_space_names_needed_and_free_bytes(tiny_shm):
@@ -65,7 +65,7 @@ def test_space_lost_between_check_and_reservation_raises_and_removes_the_segment
         raise OSError(errno.ENOSPC, "No space left on device")
 
     before = _segments()
-    monkeypatch.setattr(ring_mod.os, "posix_fallocate", full)
+    monkeypatch.setattr(segments.os, "posix_fallocate", full)
     with pytest.raises(infeed.ShmSpaceError, match="bytes but only"):
         Ring.create(TEMPLATE, slots=1, lock_memory=False)
     assert _segments() == before
@@ -81,8 +81,8 @@ def test_the_whole_segment_is_reserved_at_creation(ring):
 
 def test_segment_is_mode_0600_with_a_128_bit_random_name(monkeypatch):
     drawn = []
-    real = ring_mod.secrets.token_hex                 # the OS's random source
-    monkeypatch.setattr(ring_mod.secrets, "token_hex", lambda n: drawn.append(n) or real(n))
+    real = segments.secrets.token_hex                 # the OS's random source
+    monkeypatch.setattr(segments.secrets, "token_hex", lambda n: drawn.append(n) or real(n))
     with Ring.create(TEMPLATE, slots=1, lock_memory=False) as a, \
             Ring.create(TEMPLATE, slots=1, lock_memory=False) as b:
         assert drawn == [16, 16]                      # 16 bytes: 128 bits for each name
@@ -107,7 +107,7 @@ def test_an_existing_name_is_never_reused(monkeypatch):
     path.write_bytes(b"someone else's")
     try:
         tokens = iter([taken, "cd" * 16])
-        monkeypatch.setattr(ring_mod.secrets, "token_hex", lambda n: next(tokens))
+        monkeypatch.setattr(segments.secrets, "token_hex", lambda n: next(tokens))
         with Ring.create(TEMPLATE, slots=1, lock_memory=False) as r:
             assert r.name.endswith("cd" * 16)
         assert path.read_bytes() == b"someone else's"
@@ -122,7 +122,7 @@ def test_a_link_planted_under_the_next_name_is_neither_followed_nor_reused(monke
     link.symlink_to(victim)
     try:
         tokens = iter(["ef" * 16, "01" * 16])
-        monkeypatch.setattr(ring_mod.secrets, "token_hex", lambda n: next(tokens))
+        monkeypatch.setattr(segments.secrets, "token_hex", lambda n: next(tokens))
         with Ring.create(TEMPLATE, slots=1, lock_memory=False) as r:
             assert r.name.endswith("01" * 16)
         assert victim.read_bytes() == b"keep me" and link.is_symlink()
@@ -153,7 +153,7 @@ def test_attach_names_the_check_that_failed(ring, check, monkeypatch):
         template["x"] = ((5, 3), "float32")
     elif check == "owner":                  # the segment is another user's: seen as that user would see it
         uid = os.getuid()
-        monkeypatch.setattr(ring_mod.os, "getuid", lambda: uid + 1)
+        monkeypatch.setattr(segments.os, "getuid", lambda: uid + 1)
     elif check == "mode":
         os.chmod(ring.path, 0o644)
     elif check == "exists":

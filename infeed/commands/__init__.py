@@ -1,0 +1,1 @@
+"""The ``infeed`` command (:mod:`infeed.commands.cli`) and one module per subcommand."""

@@ -1,0 +1,232 @@
+"""What a daemon reads: files, feature spec, batching, shuffling, epochs and host sharding.
+
+A :class:`Dataset` is a plain description, checked when it is made and
+serialisable to JSON (``infeed serve --config ds.json`` reads one; the worker
+processes receive one). It fixes the sequence of batches completely: for the
+same dataset and seed, every run, every number of workers and every resume
+yields the same batches in the same order.
+
+The order, per epoch ``e`` (0, 1, ...):
+
+1. the files of this host's shard (every ``num_shards``-th file from
+   ``shard_index`` when there are at least ``num_shards`` files; all of them
+   otherwise), shuffled with ``(seed, e)`` when ``shuffle_files``;
+2. their records, one file after another (with fewer files than shards, every
+   ``num_shards``-th record of that stream from ``shard_index``);
+3. with ``shuffle_buffer=N > 1``, passed through a buffer of N records drawn
+   at random with ``(seed, e)``; with ``shuffle="global"`` (needs ``infeed
+   index`` sidecars), a uniform permutation of the epoch's records instead
+   (whether the records are read in order or through a sidecar's offsets,
+   the sequence is the same);
+4. cut into batches of ``batch_size``; the epoch's last, partial batch is
+   dropped (``final_batch="drop"``) or filled with zero rows flagged in a bool
+   ``is_padding`` array (``"pad"``; every batch then carries ``is_padding``).
+
+Epochs follow each other (``num_epochs=None``: forever); with
+``steps_per_slot=K`` every K consecutive batches share one ring slot as
+``[K, B, ...]`` arrays, and only the very last slot may hold fewer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+
+from infeed.example.codec import ExampleParser
+from infeed.example.spec import spec_from_json, spec_to_json
+from infeed.tfrecord.files import expand_files
+from infeed.tfrecord.reader import COMPRESSIONS
+
+__all__ = ["Dataset", "PADDING_KEY"]
+
+#: The bool ``[B]`` array of a batch with ``final_batch="pad"``: True on padding rows.
+PADDING_KEY = "is_padding"
+
+_FINAL_BATCH = ("drop", "pad")
+_SHUFFLE = ("buffer", "global")
+
+
+def _positive(name: str, value, *, zero: bool = False) -> int:
+    low = 0 if zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def _digest(doc) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class _Matched(tuple):
+    """File names already matched (a dataset handed to a worker is not globbed again)."""
+
+
+class Dataset:
+    """A fully determined sequence of batches from TFRecord files (see the module's docstring).
+
+    ``files``: a path, glob pattern or URI (``gs://``, ``s3://``, ``hdfs://``, any
+    ``pyarrow.fs`` scheme), or a list of them; matched once, when the dataset is made.
+    ``features``: ``{name: FixedLen | VarLen | Bytes}``. ``labels``: the names of
+    the features that are labels (for the estimator, which hands them to
+    ``model_fn`` apart); they are decoded like any feature.
+    """
+
+    def __init__(self, files: str | os.PathLike | Sequence, features: Mapping, batch_size: int, *,
+                 shuffle_files: bool = False, shuffle_buffer: int = 0, shuffle: str = "buffer",
+                 seed: int = 0, num_epochs: int | None = 1, final_batch: str = "drop",
+                 shard_index: int = 0, num_shards: int = 1, steps_per_slot: int = 1,
+                 compression: str | None = "auto", skip_corrupt: bool = False,
+                 labels: str | Sequence[str] | None = None):
+        self.paths = tuple(files) if isinstance(files, _Matched) else tuple(expand_files(files))
+        self.features = dict(features)
+        self.parser = ExampleParser(self.features)          # checks the spec
+        if PADDING_KEY in self.features and final_batch == "pad":
+            raise ValueError(f"a feature named {PADDING_KEY!r} clashes with the padding mask of final_batch='pad'")
+        self.batch_size = _positive("batch_size", batch_size)
+        self.shuffle_files = bool(shuffle_files)
+        self.shuffle_buffer = _positive("shuffle_buffer", shuffle_buffer, zero=True)
+        if shuffle not in _SHUFFLE:
+            raise ValueError(f"shuffle must be one of {_SHUFFLE}, got {shuffle!r}")
+        self.shuffle = shuffle
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        self.seed = seed
+        self.num_epochs = None if num_epochs is None else _positive("num_epochs", num_epochs)
+        if final_batch not in _FINAL_BATCH:
+            raise ValueError(f"final_batch must be one of {_FINAL_BATCH}, got {final_batch!r}")
+        self.final_batch = final_batch
+        self.num_shards = _positive("num_shards", num_shards)
+        self.shard_index = _positive("shard_index", shard_index, zero=True)
+        if self.shard_index >= self.num_shards:
+            raise ValueError(f"shard_index must be below num_shards={num_shards}, got {shard_index}")
+        self.steps_per_slot = _positive("steps_per_slot", steps_per_slot)
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        self.compression = compression
+        self.skip_corrupt = bool(skip_corrupt)
+        names = [labels] if isinstance(labels, str) else list(labels or ())
+        missing = [n for n in names if n not in self.features]
+        if missing:
+            raise ValueError(f"labels {missing} are not features of the spec ({sorted(self.features)})")
+        self.labels = tuple(names)
+
+    # --- derived ------------------------------------------------------------------------------
+    @property
+    def shards_by_file(self) -> bool:
+        """Whether hosts split the files (True) or the records of every file (False)."""
+        return len(self.paths) >= self.num_shards
+
+    def shard_paths(self) -> tuple[str, ...]:
+        """This host's files, before the per-epoch shuffle."""
+        if self.shards_by_file:
+            return self.paths[self.shard_index::self.num_shards]
+        return self.paths
+
+    def indexes(self) -> dict | None:
+        """``{path: RecordIndex}`` for this host's files when every one has an ``infeed index``
+        sidecar, else None; ``shuffle="global"`` needs them (ValueError naming a file without one).
+
+        With them, workers read only the records of their own batches, global
+        shuffling is possible, and a resume jumps straight to its batch.
+        """
+        from infeed.tfrecord.index import load_index
+
+        found = {}
+        for path in self.shard_paths():
+            index = load_index(path)
+            if index is None:
+                if self.shuffle == "global":
+                    raise ValueError(f"shuffle='global' needs a record index for every file and {path} has none: "
+                                     f"run `infeed index` on the files first")
+                return None
+            found[path] = index
+        return found
+
+    def count_records(self) -> int:
+        """The records of one epoch of this host's shard, from ``infeed index`` sidecars where every
+        file has one, else by reading the files' framing (header CRCs and lengths; nothing decoded)."""
+        from infeed.tfrecord.reader import read_records
+
+        indexes = self.indexes()
+        total = 0
+        for path in self.shard_paths():
+            if indexes is not None:
+                total += indexes[path].count
+                continue
+            with contextlib.closing(read_records(path, compression=self.compression,
+                                                 skip_corrupt=self.skip_corrupt)) as reader:
+                while n := reader.skip(1 << 20):
+                    total += n
+        return total if self.shards_by_file else len(range(self.shard_index, total, self.num_shards))
+
+    def template(self) -> dict:
+        """One batch's arrays (``{name: (shape, dtype)}``) as a ring slot holds them."""
+        out = self.parser.allocate(0)
+        layout = {}
+        for name, arr in out.items():
+            if hasattr(arr, "lengths"):
+                layout[name] = type(arr)((((self.batch_size,) + arr.values.shape[1:]), arr.values.dtype),
+                                         ((self.batch_size,), arr.lengths.dtype))
+            else:
+                layout[name] = ((self.batch_size,) + arr.shape[1:], arr.dtype)
+        if self.final_batch == "pad":
+            layout[PADDING_KEY] = ((self.batch_size,), "bool")
+        return layout
+
+    def fingerprint(self) -> str:
+        """A digest of everything that fixes the batch sequence except the seed (checked on resume)."""
+        doc = self.to_json()
+        del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"]
+        return _digest(doc)
+
+    def identity(self) -> dict:
+        """What :meth:`fingerprint` digests, setting by setting: the files and the feature spec as
+        digests, the others as they are. A feed's state carries it, so that a resume with another
+        dataset names the settings that differ."""
+        doc = self.to_json()
+        del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"]
+        files, features = doc.pop("files"), doc.pop("features")
+        return {"files": f"{len(files)} files, sha256 {_digest(files)}", "features": f"sha256 {_digest(features)}",
+                **doc}
+
+    # --- JSON ---------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        """Plain JSON data; :meth:`from_json` makes the same dataset again."""
+        return {"files": list(self.paths), "features": spec_to_json(self.features),
+                "batch_size": self.batch_size, "shuffle_files": self.shuffle_files,
+                "shuffle_buffer": self.shuffle_buffer, "shuffle": self.shuffle, "seed": self.seed,
+                "num_epochs": self.num_epochs, "final_batch": self.final_batch,
+                "shard_index": self.shard_index, "num_shards": self.num_shards,
+                "steps_per_slot": self.steps_per_slot, "compression": self.compression,
+                "skip_corrupt": self.skip_corrupt, "labels": list(self.labels)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping, *, matched: bool = False) -> "Dataset":
+        """The dataset a JSON object describes; ``features`` as :func:`infeed.example.spec.spec_to_json` writes it.
+
+        ``matched``: ``files`` lists file names already matched (from :meth:`to_json`), used as they are.
+        """
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"a dataset config is a JSON object, found {type(doc).__name__}")
+        fields = dict(doc)
+        try:
+            files, features, batch_size = fields.pop("files"), fields.pop("features"), fields.pop("batch_size")
+        except KeyError as e:
+            raise ValueError(f"a dataset config needs {e.args[0]!r}") from None
+        try:
+            if matched:
+                files = _Matched(files)
+            return cls(files, spec_from_json(features), batch_size, **fields)
+        except TypeError as e:
+            raise ValueError(f"dataset config: {e}") from None
+
+    def replace(self, **changes) -> "Dataset":
+        """A copy with some settings changed (the files are not matched again)."""
+        return Dataset.from_json({**self.to_json(), **changes}, matched=True)
+
+    def __repr__(self) -> str:
+        return (f"Dataset({len(self.paths)} files, batch_size={self.batch_size}, "
+                f"features={list(self.features)}, seed={self.seed})")

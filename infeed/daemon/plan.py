@@ -1,0 +1,398 @@
+"""The batch sequence of a :class:`~infeed.daemon.dataset.Dataset`, epoch by epoch, as every worker computes it.
+
+Every worker walks the same sequence; it reads and decodes only the batches it
+owns and moves past the others as cheaply as the order allows: without record
+shuffling, by reading the framing alone (no copy, no data CRC: the owner checks
+those); with a shuffle buffer, by reading the records (the buffer needs them)
+without decoding; with an index and ``shuffle="global"``, not at all. Without
+shuffling, a worker decodes its own records where they lie in the reader's
+buffer, straight into the ring slot, with no bytes object in between.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, NamedTuple
+
+import numpy as np
+
+from infeed.tfrecord import _tfrecord
+from infeed.tfrecord.reader import read_records
+
+unframe = _tfrecord.unframe
+
+__all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "IndexedFiles", "epoch_paths", "epoch_order",
+           "epoch_batches", "exists", "record_offset"]
+
+#: Random draws fetched at a time by a shuffle buffer.
+_DRAW_BLOCK = 4096
+
+
+def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, stream])))
+
+
+def epoch_paths(ds, epoch: int) -> list[str]:
+    """This host's files in epoch ``epoch``'s order."""
+    paths = list(ds.shard_paths())
+    if ds.shuffle_files and len(paths) > 1:
+        paths = [paths[i] for i in _rng(ds.seed, epoch, 0).permutation(len(paths))]
+    return paths
+
+
+class ShuffleBuffer:
+    """A buffer of ``size`` items: each new item takes the place of a random one, which comes out.
+
+    Deterministic for ``(seed, epoch)``, whatever the items are, so a worker
+    that shuffles records and one that shuffles record numbers agree.
+    """
+
+    def __init__(self, size: int, seed: int, epoch: int):
+        self.size = size
+        self._items: list = []
+        self._rng = _rng(seed, epoch, 1)
+        self._draws = np.empty(0, np.int64)
+        self._next = 0
+
+    def push(self, item):
+        """Adds ``item``; returns the item that leaves, or None while the buffer fills."""
+        if len(self._items) < self.size:
+            self._items.append(item)
+            return None
+        if self._next == len(self._draws):
+            self._draws = self._rng.integers(0, self.size, _DRAW_BLOCK).tolist()
+            self._next = 0
+        j = self._draws[self._next]
+        self._next += 1
+        out, self._items[j] = self._items[j], item
+        return out
+
+    def drain(self) -> list:
+        """The items left, in random order; the buffer is empty afterwards."""
+        items, self._items = self._items, []
+        return [items[i] for i in self._rng.permutation(len(items))]
+
+
+class PlannedBatch(NamedTuple):
+    """Batch ``index`` of an epoch.
+
+    ``fill(parser, out) -> (records, bytes)`` decodes it into rows ``0..`` of
+    ``out`` (None when this worker does not need the batch). ``count`` is its
+    number of records, or None when the records are read as they are decoded:
+    then ``fill`` tells, and 0 records, or a partial batch with
+    ``final_batch="drop"``, means there is no such batch (the epoch ended).
+    ``where(i)`` is (path, record index in the file, offset or None) of record i.
+    """
+
+    index: int
+    count: int | None
+    fill: Callable | None
+    where: Callable[[int], tuple]
+
+
+def _parse_records(records: list) -> Callable:
+    def fill(parser, out) -> tuple[int, int]:
+        parser.parse(records, out=out)
+        return len(records), sum(map(len, records))
+    return fill
+
+
+class EpochRecords:
+    """The records of one epoch of this host's shard: file after file, every ``stride``-th one."""
+
+    def __init__(self, ds, epoch: int):
+        self._ds = ds
+        self._paths = epoch_paths(ds, epoch)
+        self._file = -1
+        self._reader = None
+        self._stride = 1 if ds.shards_by_file else ds.num_shards
+        self._gap = 0 if ds.shards_by_file else ds.shard_index   # raw records before the next kept one
+
+    def _current(self):
+        while self._reader is None:
+            if self._file + 1 >= len(self._paths):
+                return None
+            self._file += 1
+            self._reader = read_records(self._paths[self._file], compression=self._ds.compression,
+                                        skip_corrupt=self._ds.skip_corrupt)
+        return self._reader
+
+    def _next_file(self) -> None:
+        self._reader.close()
+        self._reader = None
+
+    def _raw_skip(self, n: int) -> int:
+        done = 0
+        while done < n:
+            reader = self._current()
+            if reader is None:
+                break
+            got = reader.skip(n - done)
+            done += got
+            if done < n:
+                self._next_file()
+        return done
+
+    def _raw_take(self, n: int, origins: list | None) -> list:
+        out: list = []
+        while len(out) < n:
+            reader = self._current()
+            if reader is None:
+                break
+            got = reader.read_batch(n - len(out))
+            if origins is not None and got:
+                origins.append((self._paths[self._file], reader.records_read - len(got), len(got)))
+            out += got
+            if len(out) < n:
+                self._next_file()
+        return out
+
+    def take(self, n: int, origins: list | None = None) -> list:
+        """Up to ``n`` records (fewer at the end); ``(path, first record index, count)`` of each
+        run of consecutive records appended to ``origins``."""
+        if self._stride == 1:
+            return self._raw_take(n, origins)
+        out: list = []
+        while len(out) < n:
+            if self._raw_skip(self._gap) < self._gap:
+                break
+            got = self._raw_take(1, origins)
+            self._gap = 0
+            if not got:
+                break
+            out += got
+            self._gap = self._stride - 1
+        return out
+
+    def read_into(self, parser, n: int, out: dict, runs: list) -> tuple[int, int]:
+        """Decodes up to ``n`` records straight from the readers' buffers into rows ``0..`` of ``out``;
+        returns (records, bytes) and appends the runs of records it read to ``runs``."""
+        if self._stride != 1:
+            records = self.take(n, runs)
+            return _parse_records(records)(parser, out)
+        done = nbytes = 0
+        while done < n:
+            reader = self._current()
+            if reader is None:
+                break
+            before = reader.records_read
+            try:
+                got, size = parser.read_into(reader, n - done, out, start=done, index_base=done)
+            finally:        # a DecodeError names its record by position: where() needs this run
+                if reader.records_read > before:
+                    runs.append((self._paths[self._file], before, reader.records_read - before))
+            done, nbytes = done + got, nbytes + size
+            if done < n:
+                self._next_file()
+        return done, nbytes
+
+    def skip(self, n: int) -> int:
+        """Moves past up to ``n`` records by their framing alone; returns how many."""
+        if n <= 0:
+            return 0
+        if self._stride == 1:
+            return self._raw_skip(n)
+        want = self._gap + (n - 1) * self._stride + 1
+        raw = self._raw_skip(want)
+        kept = 0 if raw <= self._gap else 1 + (raw - self._gap - 1) // self._stride
+        self._gap = self._stride - 1 if raw == want else 0
+        return kept
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._next_file()
+
+
+def _origins_of(origins: list) -> Callable[[int], tuple]:
+    return origins.__getitem__
+
+
+def _runs_of(runs: list) -> Callable[[int], tuple]:
+    """``where(i)`` over runs of consecutive records ``(path, first index, count)``."""
+    def where(i: int) -> tuple:
+        for path, first, count in runs:
+            if i < count:
+                return path, first + i, None
+            i -= count
+        raise IndexError(i)
+    return where
+
+
+def _no_origins(i: int) -> tuple:
+    raise LookupError("this worker did not read the batch")
+
+
+def epoch_batches(ds, epoch: int, first: int, owned: Callable[[int], bool],
+                  indexes: dict | None = None, sizes: list | None = None) -> Iterator[PlannedBatch]:
+    """The batches of epoch ``epoch`` from batch ``first`` on; records only for ``owned(index)`` ones.
+
+    Batches before ``first`` are passed over (read only as far as the order
+    needs). ``indexes`` (path -> :class:`~infeed.tfrecord.index.RecordIndex` for every
+    file) reads records by their offsets instead, in the same order. The
+    epoch's number of batches is appended to ``sizes`` once it is known (at the end).
+    """
+    if indexes is not None:
+        batches = yield from _indexed(ds, epoch, first, owned, indexes)
+    else:
+        source = EpochRecords(ds, epoch)
+        try:
+            if ds.shuffle_buffer > 1:
+                batches = yield from _buffered(ds, epoch, source, first, owned)
+            else:
+                batches = yield from _in_order(ds, source, first, owned)
+        finally:
+            source.close()
+    if sizes is not None:
+        sizes.append(batches)
+
+
+def exists(ds, count: int) -> bool:
+    """Whether a batch of ``count`` records is one (not empty, and not a partial one dropped)."""
+    return count > 0 and (count == ds.batch_size or ds.final_batch == "pad")
+
+
+def _finish(ds, index: int, records, count: int, where) -> PlannedBatch | None:
+    if not exists(ds, count):
+        return None
+    return PlannedBatch(index, count, None if records is None else _parse_records(records), where)
+
+
+def _in_order(ds, source: EpochRecords, first: int, owned) -> Iterator[PlannedBatch]:
+    size, index = ds.batch_size, 0
+    while True:
+        if index >= first and owned(index):
+            runs: list = []
+            filled: list = []
+
+            def fill(parser, out, runs=runs, filled=filled):
+                count, nbytes = source.read_into(parser, size, out, runs)
+                filled.append(count)
+                return count, nbytes
+            yield PlannedBatch(index, None, fill, _runs_of(runs))
+            if not filled:
+                raise RuntimeError(f"batch {index} was planned to be read as it is decoded, and was not filled")
+            count = filled[0]
+        else:
+            count = source.skip(size)
+            if exists(ds, count) and index >= first:
+                yield PlannedBatch(index, count, None, _no_origins)
+        if count < size:
+            return index + exists(ds, count)
+        index += 1
+
+
+def _through_buffer(source: EpochRecords, buffer: ShuffleBuffer, chunk: int = 256) -> Iterator[tuple]:
+    """The epoch's (record, origin) pairs in the order they leave ``buffer``, the rest drained at the end."""
+    while True:
+        runs: list = []
+        records = source.take(chunk, runs)
+        origins = [(path, start + i, None) for path, start, count in runs for i in range(count)]
+        for item in zip(records, origins):
+            out = buffer.push(item)
+            if out is not None:
+                yield out
+        if len(records) < chunk:
+            break
+    yield from buffer.drain()
+
+
+def _buffered(ds, epoch: int, source: EpochRecords, first: int, owned) -> Iterator[PlannedBatch]:
+    size, index = ds.batch_size, 0
+    pending: list = []
+
+    def batch(items):
+        nonlocal index
+        keep = index >= first and owned(index)
+        planned = _finish(ds, index, [r for r, _ in items] if keep else None, len(items),
+                          _origins_of([o for _, o in items]) if keep else _no_origins)
+        index += planned is not None
+        return planned if planned is not None and planned.index >= first else None
+
+    for item in _through_buffer(source, ShuffleBuffer(ds.shuffle_buffer, ds.seed, epoch)):
+        pending.append(item)
+        if len(pending) == size:
+            planned = batch(pending)
+            pending = []
+            if planned is not None:
+                yield planned
+    if pending:
+        planned = batch(pending)
+        if planned is not None:
+            yield planned
+    return index
+
+
+def epoch_order(ds, epoch: int, counts: list[int]) -> np.ndarray:
+    """Positions in the epoch's stream of records (files in epoch order, ``counts`` records
+    each, this host's share) in the order batches take them."""
+    n = sum(counts)
+    stream = np.arange(n, dtype=np.int64)
+    if not ds.shards_by_file:
+        stream = stream[ds.shard_index::ds.num_shards]
+    if ds.shuffle == "global":
+        return stream[_rng(ds.seed, epoch, 2).permutation(len(stream))]
+    if ds.shuffle_buffer > 1:
+        buffer, out = ShuffleBuffer(ds.shuffle_buffer, ds.seed, epoch), []
+        for position in stream.tolist():
+            left = buffer.push(position)
+            if left is not None:
+                out.append(left)
+        return np.array(out + buffer.drain(), dtype=np.int64)
+    return stream
+
+
+class IndexedFiles:
+    """Reads framed records at known offsets, checking both CRCs, one open file per path."""
+
+    def __init__(self):
+        self._open: dict = {}
+
+    def read(self, path: str, offset: int, length: int, index: int) -> bytes:
+        from infeed.tfrecord.reader import open_random_access
+
+        f = self._open.get(path)
+        if f is None:
+            f = self._open[path] = open_random_access(path)
+        return unframe(f.read_at(offset, length + 16), path, index, offset, length)
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+        self._open.clear()
+
+
+def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[PlannedBatch]:
+    paths = epoch_paths(ds, epoch)
+    found = [indexes[p] for p in paths]
+    counts = [ix.count for ix in found]
+    order = epoch_order(ds, epoch, counts)
+    starts = np.cumsum([0] + counts)
+    size = ds.batch_size
+    batches = len(order) // size + (ds.final_batch == "pad" and len(order) % size > 0)
+    files = IndexedFiles()
+    try:
+        for index in range(first, batches):
+            chunk = order[index * size:(index + 1) * size]
+            if not owned(index):
+                yield PlannedBatch(index, len(chunk), None, _no_origins)
+                continue
+            file_of = np.searchsorted(starts, chunk, side="right") - 1
+            origins, records = [], []
+            for f, position in zip(file_of.tolist(), chunk.tolist()):
+                ix, k = found[f], position - int(starts[f])
+                offset, length = int(ix.offsets[k]), int(ix.lengths[k])
+                records.append(files.read(paths[f], offset, length, k))
+                origins.append((paths[f], k, offset))
+            yield PlannedBatch(index, len(chunk), _parse_records(records), _origins_of(origins))
+    finally:
+        files.close()
+    return batches
+
+
+def record_offset(ds, path: str, record_index: int) -> int:
+    """The byte offset of record ``record_index`` of ``path``, found by its framing (for error messages)."""
+    reader = read_records(path, compression=ds.compression, skip_corrupt=ds.skip_corrupt)
+    try:
+        reader.skip(record_index)
+        return reader.tell()
+    finally:
+        reader.close()

@@ -1,0 +1,213 @@
+"""A decoding worker: one process that fills its share of a ring's slots.
+
+Started by the daemon as ``python -m infeed.daemon.worker`` with a JSON config on its
+standard input (never a pickle): the ring's name, the worker's number ``k``
+of ``W``, the dataset and where to start. Unit ``u`` (``steps_per_slot``
+consecutive batches) is built by worker ``u mod W`` into slot ``u mod S``;
+the slot count is a multiple of ``W``, so each slot has one producer and the
+consumer finds unit ``u`` exactly where it looks for it.
+
+A failure (a corrupt record, a record that does not meet the spec) is written
+to the ring's error record and, by the worker that owns the batch where it
+happened, published in that batch's slot, so the consumer raises it right
+there. The worker stops when the consumer asks, and when the ring's creator is
+gone, in which case it also removes the segment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+
+from infeed.daemon.dataset import PADDING_KEY, Dataset
+from infeed.daemon.plan import epoch_batches, exists, record_offset
+from infeed.errors import DecodeError, InfeedError
+from infeed.example.spec import Padded
+from infeed.ring import Ring
+from infeed.ring.slots import REPORTED_ERROR, SLOT_END, SLOT_ERROR
+
+__all__ = ["Producer", "main"]
+
+
+#: mallopt(3) parameters.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+class Stopped(Exception):
+    """The consumer asked the producers to stop."""
+
+
+class Producer:
+    """Worker ``index`` of ``workers`` filling ``ring`` with ``dataset``'s batches from ``start``."""
+
+    def __init__(self, dataset: Dataset, ring: Ring, index: int, workers: int, start: tuple[int, int]):
+        self.ds, self.ring, self.index, self.workers = dataset, ring, index, workers
+        self.start = start
+        self.parser = dataset.parser
+        self._views: dict = {}
+        self._last_check = 0.0
+
+    # --- the ring ---------------------------------------------------------------------------
+    def _check(self) -> None:
+        self.ring.count_work(self.index)
+        if self.ring.stop_requested:
+            raise Stopped()
+        self.ring.check_owner()
+
+    def _acquire(self, unit: int) -> int:
+        slot = unit % self.ring.slots
+        began = time.monotonic_ns()
+        self.ring.acquire_free(slot, check=self._check)
+        self.ring.count_work(self.index, wait_ns=time.monotonic_ns() - began)
+        if self.ring.stop_requested:
+            raise Stopped()
+        return slot
+
+    def _slot_views(self, slot: int, step: int) -> dict:
+        views = self._views.get((slot, step))
+        if views is None:
+            views = self._views[(slot, step)] = self.ring.slot_arrays(slot, step)
+        return views
+
+    def _fill(self, slot: int, step: int, planned) -> tuple[int, int]:
+        """Decodes ``planned`` into step ``step`` of ``slot``, zero rows after its records and
+        the padding mask; returns (records, bytes) decoded."""
+        views = self._slot_views(slot, step)
+        try:
+            n, nbytes = planned.fill(self.parser, views)
+        except DecodeError as e:
+            path, index, offset = planned.where(e.record_index)
+            if offset is None:
+                offset = record_offset(self.ds, path, index)
+            raise DecodeError(e.feature, index, e.expected, e.found, path, offset) from None
+        if n < self.ds.batch_size:
+            for arr in views.values():
+                for part in (arr if isinstance(arr, Padded) else (arr,)):
+                    part[n:] = 0
+        if PADDING_KEY in views:
+            mask = views[PADDING_KEY]
+            mask[:n] = False
+            mask[n:] = True
+        return n, nbytes
+
+    # --- the sequence -----------------------------------------------------------------------
+    def run(self) -> None:
+        ds, ring, k, w = self.ds, self.ring, self.index, self.workers
+        per_slot = ds.steps_per_slot
+        epoch, first = self.start
+        done = 0                  # batches of the sequence passed so far (mine or not)
+        slot = None
+        try:
+            indexes = ds.indexes()
+            while ds.num_epochs is None or epoch < ds.num_epochs:
+                base = done - first
+
+                def owned(index, base=base):
+                    return ((base + index) // per_slot) % w == k
+
+                sizes: list = []
+                for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes):
+                    unit, step = divmod(done, per_slot)
+                    if unit % w == k:
+                        busy = time.monotonic_ns()
+                        if slot is None:             # else still held for this unit (see below)
+                            slot = self._acquire(unit)
+                            busy = time.monotonic_ns()
+                        count, nbytes = self._fill(slot, step, planned)
+                        if not exists(ds, count):    # read as decoded: the epoch ended before this batch
+                            continue
+                        last = step == per_slot - 1
+                        if last:
+                            ring.publish(slot, unit, cursor=(epoch, planned.index + 1))
+                            slot = None
+                        ring.count_work(k, batches=last, records=count, nbytes=nbytes,
+                                        busy_ns=time.monotonic_ns() - busy)
+                    done += 1
+                    if time.monotonic() - self._last_check > 0.5:
+                        self._last_check = time.monotonic()
+                        self._check()
+                if sizes[0] == 0:
+                    raise InfeedError(f"epoch {epoch} has no batch: fewer than batch_size={ds.batch_size} "
+                                      f"records in {len(ds.shard_paths())} files with final_batch='drop'")
+                # A start past this epoch's end goes on into the next: (epoch, batch) counts batches from
+                # the start of `epoch`, so a position n batches after any other is (epoch, batch + n).
+                epoch, first = epoch + 1, max(first - sizes[0], 0)
+            unit, step = divmod(done, per_slot)
+            if step:
+                if unit % w == k:
+                    ring.publish(slot, unit, steps=step, cursor=(epoch, 0))
+                    ring.count_work(k, batches=1)
+                    slot = None
+                unit += 1
+            if unit % w == k:
+                ring.publish(self._acquire(unit) if slot is None else slot, unit, flags=SLOT_END, steps=0,
+                             cursor=(epoch, 0))
+        except (Stopped, KeyboardInterrupt):
+            raise
+        except Exception as error:
+            self._report(error, done // per_slot, slot)
+            raise
+
+    def _report(self, error: Exception, unit: int, slot: int | None) -> None:
+        """Records ``error``; the owner of ``unit`` also publishes it in that unit's slot."""
+        self.ring.set_error(error)
+        if unit % self.workers != self.index:
+            return
+        try:
+            if slot is None:
+                slot = self._acquire(unit)
+        except (Stopped, InfeedError):
+            return
+        self.ring.publish(slot, unit, flags=SLOT_ERROR, steps=0)
+
+
+def _keep_freed_memory() -> None:
+    """Makes glibc keep freed memory for reuse instead of handing it back to the OS at once.
+
+    A worker frees a batch of records (up to tens of MB) for every batch it
+    builds. A fresh process returns the top of its heap to the OS on each free
+    (until it first frees a large mmapped block), so the next batch faults the
+    same pages back in: half the read rate for large records.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+    except (OSError, AttributeError):      # not glibc
+        pass
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the trainer's to handle
+    _keep_freed_memory()
+    config = json.load(sys.stdin)
+    ds = Dataset.from_json(config["dataset"], matched=True)
+    ring = Ring.attach(config["ring"], ds.template(), steps_per_slot=ds.steps_per_slot, populate=True)
+    index = int(config["worker"])
+    ring.register_worker(index)
+    try:
+        Producer(ds, ring, index, int(config["workers"]), tuple(config["start"])).run()
+        return 0
+    except Stopped:
+        return 0
+    except Exception as error:
+        if not ring.owner_alive():
+            return 0
+        print(f"infeed worker {index} (pid {os.getpid()}): {type(error).__name__}: {error}", file=sys.stderr)
+        return REPORTED_ERROR
+    finally:
+        ring.unlink_if_orphaned()
+        ring.close()
+
+
+if __name__ == "__main__":
+    status = main()
+    # Everything is released (the ring closed, files closed by their readers): skip the interpreter's
+    # teardown of numpy and the rest, which takes tens of milliseconds the daemon's close waits for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -1,0 +1,245 @@
+"""tf.train.Example: encoding (for writers), schema-less and spec-driven decoding."""
+
+from __future__ import annotations
+
+import struct
+import weakref
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from infeed.example import _example
+from infeed.example.spec import NUMERIC_DTYPES, Bytes, FixedLen, Padded, VarLen
+
+__all__ = ["ExampleParser", "parse_examples", "decode_example", "encode_example"]
+
+decode_example = _example.decode_example
+
+
+#: Output arrays an ExampleParser remembers as checked (a ring's slots and steps).
+_CHECKED_OUTPUTS = 256
+
+
+def _none_ref():
+    return None
+
+
+class ExampleParser:
+    """A spec compiled once, then used for every batch.
+
+    >>> parser = ExampleParser({"x": FixedLen((2,), "float32")})
+    >>> batch = parser.parse([encode_example({"x": [1.0, 2.0]})])
+    >>> batch["x"].tolist()
+    [[1.0, 2.0]]
+
+    ``parse(records, out=...)`` decodes into arrays you own, such as a ring
+    buffer slot made by :meth:`allocate`; rows ``start..start+len(records)``
+    are written and nothing else.
+    """
+
+    def __init__(self, spec: Mapping[str, FixedLen | VarLen | Bytes]):
+        if not isinstance(spec, Mapping) or not spec:
+            raise ValueError(f"spec must be a non-empty dict of name -> FixedLen/VarLen/Bytes, got {spec!r:.200}")
+        features = []
+        for name, f in spec.items():
+            if not isinstance(name, str):
+                raise ValueError(f"feature names must be str, got {name!r}")
+            if isinstance(f, FixedLen):
+                fill = f.default.tobytes() if f.default is not None else None
+                features.append((name, NUMERIC_DTYPES[f.dtype], "fixed", f.dtype, f.count, False, fill, -1))
+            elif isinstance(f, VarLen):
+                fill = np.full(f.max_len, f.pad, dtype=f.dtype).tobytes()
+                features.append((name, NUMERIC_DTYPES[f.dtype], "varlen", f.dtype, f.max_len, f.truncate,
+                                 fill, -1))
+            elif isinstance(f, Bytes):
+                fill = None if f.default is None else f.default.ljust(f.max_bytes, b"\0")
+                features.append((name, "bytes", "bytes", "uint8", f.max_bytes, f.truncate, fill,
+                                 -1 if f.default is None else len(f.default)))
+            else:
+                raise ValueError(f"spec[{name!r}] must be FixedLen, VarLen or Bytes, got {f!r}")
+        self.spec = dict(spec)
+        self._compiled = _example.CompiledSpec(features)
+        self._checked: dict = {}
+
+    def allocate(self, batch_size: int) -> dict:
+        """Zeroed output arrays for ``batch_size`` records, laid out as ``parse`` returns them."""
+        out = {}
+        for name, f in self.spec.items():
+            if isinstance(f, FixedLen):
+                out[name] = np.zeros((batch_size, *f.shape), f.dtype)
+            elif isinstance(f, VarLen):
+                out[name] = Padded(np.zeros((batch_size, f.max_len), f.dtype), np.zeros(batch_size, np.int32))
+            else:
+                out[name] = Padded(np.zeros((batch_size, f.max_bytes), np.uint8), np.zeros(batch_size, np.int32))
+        return out
+
+    def parse(self, records: Sequence, out: dict | None = None, start: int = 0, index_base: int = 0) -> dict:
+        """Decodes serialized Examples into ``out`` (allocated when None) from row ``start``.
+
+        Raises :class:`infeed.DecodeError` naming the feature and the record's
+        index (``index_base`` + its position in ``records``).
+        """
+        if out is None:
+            if start:
+                raise ValueError("start needs out")
+            out = self.allocate(len(records))
+        values, lengths = self._outputs(out)
+        self._compiled.decode_into(records, values, lengths, start, index_base)
+        return out
+
+    def read_into(self, reader, n: int, out: dict, start: int = 0, index_base: int = 0) -> tuple[int, int]:
+        """Reads up to ``n`` records from ``reader`` (a :func:`infeed.read_records` reader) and
+        decodes each where it lies in the reader's buffer into rows ``start...`` of ``out``: the
+        same values as ``parse(reader.read_batch(n), out)``, without a bytes object per record.
+
+        Returns ``(records decoded, their bytes)``, fewer records only at the end of the stream.
+        """
+        values, lengths = self._outputs(out)
+        return self._compiled.decode_from(reader, n, values, lengths, start, index_base)
+
+    def _outputs(self, out: dict) -> tuple[list, list]:
+        """The value and length arrays of ``out`` in spec order, checked (once per set of arrays)."""
+        values, lengths = [], []
+        for name in self.spec:
+            try:
+                arr = out[name]
+            except KeyError:
+                raise ValueError(f"out has no array for feature {name!r}") from None
+            if isinstance(arr, Padded):
+                values.append(arr.values)
+                lengths.append(arr.lengths)
+            else:
+                values.append(arr)
+                lengths.append(None)
+        arrays = values + lengths
+        key = tuple(map(id, arrays))
+        refs = self._checked.get(key)
+        if refs is None or any(r() is not a for r, a in zip(refs, arrays)):
+            for name, v, n in zip(self.spec, values, lengths):
+                self._check_out(name, v, n)
+            # Reused outputs (the slots of a ring) are checked once; weak references never keep them alive.
+            if len(self._checked) >= _CHECKED_OUTPUTS:
+                self._checked.clear()
+            self._checked[key] = [weakref.ref(a) if a is not None else _none_ref for a in arrays]
+        return values, lengths
+
+    def _check_out(self, name, values, lengths):
+        f = self.spec[name]
+        if isinstance(f, FixedLen):
+            want, dtype, padded = f.shape, f.dtype, False
+        elif isinstance(f, VarLen):
+            want, dtype, padded = (f.max_len,), f.dtype, True
+        else:
+            want, dtype, padded = (f.max_bytes,), "uint8", True
+        if not isinstance(values, np.ndarray) or values.shape[1:] != want or values.dtype != dtype:
+            got = (getattr(values, "shape", None), getattr(values, "dtype", type(values).__name__))
+            raise ValueError(f"out[{name!r}] must be a {dtype} array of shape [B, {', '.join(map(str, want))}], "
+                             f"got shape {got[0]} dtype {got[1]}")
+        if padded != (lengths is not None):
+            raise ValueError(f"out[{name!r}] must {'' if padded else 'not '}be an infeed.Padded")
+
+
+def parse_examples(records: Sequence, spec: Mapping, out: dict | None = None) -> dict:
+    """Decodes serialized Examples into a dict of arrays, leading dimension ``len(records)``.
+
+    FixedLen features give ``[B, *shape]`` arrays; VarLen and Bytes give
+    :class:`infeed.Padded` ``(values [B, width], lengths [B] int32)``.  For many
+    batches, build one :class:`ExampleParser` and reuse it.
+    """
+    return ExampleParser(spec).parse(records, out)
+
+
+# ---------------------------------------------------------------------------
+# Encoding
+
+
+_FLOAT32 = struct.Struct("<f")
+_FLOAT_SCALAR_PREFIX = b"\x12\x06\x0a\x04"          # float_list [2] { packed value [1], 4 bytes }
+
+
+def _key(name: str) -> bytes:
+    return name.encode("utf-8") if isinstance(name, str) else bytes(name)
+
+
+def _len_prefixed(field_tag: int, payload: bytes) -> bytes:
+    return bytes([field_tag]) + varint(len(payload)) + payload
+
+
+#: Varints of 0..16383: the lengths nearly every field has.
+_SHORT_VARINTS = [bytes([n]) if n < 0x80 else bytes([n & 0x7F | 0x80, n >> 7]) for n in range(1 << 14)]
+
+
+def varint(n: int) -> bytes:
+    """The protobuf varint of a non-negative int below 2**64 (lengths, tags, int64 bit patterns)."""
+    if n < 16384:
+        return _SHORT_VARINTS[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _feature(name, value) -> bytes:
+    """Encodes one Feature message, choosing the kind from the value's type."""
+    kind = type(value)
+    if kind is int:                                   # fast paths: plain Python scalars
+        if not -(2**63) <= value < 2**63:
+            raise ValueError(f"feature {name!r} has integers outside int64")
+        return _len_prefixed(0x1A, _len_prefixed(0x0A, varint(value & 0xFFFFFFFFFFFFFFFF)))
+    if kind is float and -3.4028234663852886e38 <= value <= 3.4028234663852886e38:
+        return _FLOAT_SCALAR_PREFIX + _FLOAT32.pack(value)
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        value = [value]
+    elif isinstance(value, (int, float, np.integer, np.floating, bool, np.bool_)):
+        value = [value]
+    arr = value if isinstance(value, np.ndarray) else None
+    if arr is None:
+        items = list(value)
+        if items and all(isinstance(v, (bytes, bytearray, memoryview, str)) for v in items):
+            payload = b"".join(_len_prefixed(0x0A, v.encode() if isinstance(v, str) else bytes(v)) for v in items)
+            return _len_prefixed(0x0A, payload)                     # bytes_list [1]
+        if any(isinstance(v, (bytes, bytearray, memoryview, str)) for v in items):
+            raise TypeError(f"feature {name!r} mixes bytes and numbers")
+        if any(isinstance(v, (float, np.floating)) for v in items):
+            arr = np.asarray(items, np.float32)
+        else:
+            try:
+                arr = np.asarray(items, np.int64) if items else np.zeros(0, np.float32)
+            except OverflowError:
+                raise ValueError(f"feature {name!r} has integers outside int64") from None
+    arr = np.asarray(arr)
+    if arr.dtype.kind == "f":
+        packed = arr.astype("<f4", copy=False).ravel().tobytes()
+        return _len_prefixed(0x12, _len_prefixed(0x0A, packed) if packed else b"")   # float_list [2]
+    if arr.dtype.kind in "iub":
+        if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"feature {name!r} has integers outside int64")
+        packed = _example.encode_varints(arr.astype(np.int64).ravel())
+        return _len_prefixed(0x1A, _len_prefixed(0x0A, packed) if packed else b"")   # int64_list [3]
+    if arr.dtype.kind in "SO":
+        if arr.size == 0:
+            return _len_prefixed(0x0A, b"")                                               # empty bytes_list [1]
+        return _feature(name, [bytes(v) for v in arr.ravel()])
+    raise TypeError(f"feature {name!r}: cannot encode dtype {arr.dtype}")
+
+
+def encode_example(features: Mapping) -> bytes:
+    """Serializes a dict as a ``tf.train.Example``, in the form TensorFlow writes.
+
+    Values: bytes or str (and lists of them) -> bytes_list; floats and float
+    arrays -> float_list (as float32); ints, bools and integer arrays ->
+    int64_list.  An empty list becomes an empty float_list, as TensorFlow's
+    own ``tf.train.Feature(float_list=...)`` would; pass an empty array of the
+    dtype you want to choose.
+
+    >>> decode_example(encode_example({"n": [1, 2]}))["n"][0]
+    'int64'
+    """
+    entries = []
+    for name, value in features.items():
+        entry = _len_prefixed(0x0A, _key(name)) + _len_prefixed(0x12, _feature(name, value))
+        entries.append(_len_prefixed(0x0A, entry))
+    return _len_prefixed(0x0A, b"".join(entries)) if entries else b""
+

@@ -1,0 +1,90 @@
+"""A producer's failure as the ring's error record carries it: JSON (type, constructor arguments,
+traceback text), never a pickle, cut to fit the record."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import traceback
+from typing import NamedTuple
+
+from infeed import errors as errors_module
+from infeed.errors import InfeedError
+
+__all__ = ["ProducerFailure", "encode_failure", "decode_failure"]
+
+_PRODUCER_NOTE = "Raised in the producer process:\n"
+
+
+class ProducerFailure(NamedTuple):
+    """A ring's error record: who failed and with what (and where, in ``traceback``)."""
+
+    pid: int
+    signal: int | None
+    exception: BaseException | None
+    message: str
+    traceback: str = ""
+
+    def raise_(self):
+        """Raises the producer's exception; one of a type not rebuilt is an InfeedError with its message,
+        both with the producer's traceback as a note."""
+        if self.exception is not None:
+            raise self.exception
+        error = InfeedError(f"process {self.pid} failed: {self.message}")
+        if self.traceback:
+            error.add_note(_PRODUCER_NOTE + self.traceback)
+        raise error
+
+
+def encode_failure(error: BaseException | str, limit: int) -> bytes:
+    """JSON of ``error`` in at most ``limit`` bytes (its traceback cut first, then its arguments)."""
+    if isinstance(error, str):
+        record = {"message": error}
+    else:
+        record = {"message": f"{type(error).__name__}: {error}", "type": type(error).__name__,
+                  "module": type(error).__module__,
+                  "traceback": "".join(traceback.format_exception(error))[-2048:]}
+        reduced = error.__reduce__()
+        args = reduced[1] if isinstance(reduced, tuple) and len(reduced) > 1 else error.args
+        try:
+            record["args"] = json.loads(json.dumps(list(args)))
+        except (TypeError, ValueError):
+            pass
+    payload = json.dumps(record).encode()
+    tb, cut = record.get("traceback", ""), 0
+    while len(payload) > limit and cut < len(tb):         # keep the exception, cut its traceback
+        cut += len(payload) - limit + 64
+        record["traceback"] = "..." + tb[cut:]
+        payload = json.dumps(record).encode()
+    if len(payload) > limit:
+        record = {"message": record["message"][: limit // 2]}
+        payload = json.dumps(record).encode()[:limit]
+    return payload
+
+
+def decode_failure(payload: bytes) -> tuple[str, BaseException | None, str]:
+    """(message, rebuilt exception or None, the producer's traceback or ""); only infeed's errors and
+    built-in exceptions are rebuilt (with the traceback as a note)."""
+    try:
+        record = json.loads(payload)
+    except ValueError:
+        return payload.decode(errors="replace"), None, ""
+    if not isinstance(record, dict):
+        return payload.decode(errors="replace"), None, ""
+    message, tb = str(record.get("message", "")), str(record.get("traceback") or "")
+    name, module, args = record.get("type"), record.get("module"), record.get("args")
+    if module == "infeed.errors":
+        cls = getattr(errors_module, name, None)
+    elif module == "builtins":
+        cls = getattr(builtins, name, None)
+    else:
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, Exception) and isinstance(args, list)):
+        return message, None, tb
+    try:
+        exc = cls(*args)
+    except Exception:
+        return message, None, tb
+    if tb:
+        exc.add_note(_PRODUCER_NOTE + tb)
+    return message, exc, tb

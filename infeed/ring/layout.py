@@ -1,0 +1,161 @@
+"""Where everything lives in a ring's segment, and how a batch's arrays are laid out in a slot::
+
+    [header | layout (JSON) | meta | semaphores | slot table | worker table | error record | slot 0 | slot 1 | ...]
+
+The header, slot table, worker table and error record are numpy structured types
+(:data:`HEADER`, :data:`SLOT`, :data:`WORKER`, :data:`ERROR`) so that every
+process that maps the segment reads the same bytes the same way. Every array in
+a slot starts on a 64-byte boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, NamedTuple
+
+import numpy as np
+
+from infeed.example.spec import Padded
+from infeed.ring import _ring
+
+__all__ = ["MAGIC", "VERSION", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
+           "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "HEADER_WORDS", "HEADER_STOP", "SegmentPlan", "align",
+           "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan"]
+
+MAGIC = b"INFEEDRB"
+VERSION = 2
+#: The header's ``state`` once the creator has written everything: attachers refuse a ring before that.
+READY = 1
+ALIGN = 64
+#: Bytes reserved for the header at the start of the segment.
+HEADER_SIZE = 256
+#: Bytes for the error record's payload.
+ERROR_PAYLOAD = 4032
+
+HEADER = np.dtype([
+    ("magic", "S8"), ("version", "<u4"), ("state", "<u4"), ("layout_hash", "S32"),
+    ("slots", "<u4"), ("max_workers", "<u4"), ("slot_size", "<u8"),
+    ("creator_pid", "<i8"), ("creator_uid", "<u4"), ("steps_per_slot", "<u4"),
+    ("data_offset", "<u8"), ("total_size", "<u8"), ("layout_offset", "<u8"), ("layout_len", "<u8"),
+    ("sem_offset", "<u8"), ("table_offset", "<u8"), ("workers_offset", "<u8"), ("error_offset", "<u8"),
+    ("creator_start", "<i8"), ("created_unix_ns", "<i8"), ("stop", "<u4"), ("_pad", "<u4"),
+    ("taken", "<i8"), ("stall_ns", "<i8"), ("cursor", "<i8", (2,)),
+    ("meta_offset", "<u8"), ("meta_len", "<u8"),
+])
+SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i8"), ("steps", "<i8"),
+                 ("cursor", "<i8", (2,))])
+WORKER = np.dtype([("pid", "<i8"), ("start_time", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
+                   ("records", "<i8"), ("bytes", "<i8"), ("busy_ns", "<i8"), ("wait_ns", "<i8")])
+ERROR = np.dtype([("set", "<u4"), ("signal", "<i4"), ("pid", "<i8"), ("len", "<u8"), ("_pad", "<u8"),
+                  ("payload", "u1", (ERROR_PAYLOAD,))])
+#: Bytes between two semaphores (each on its own cache line).
+SEM_STRIDE = ALIGN
+#: int64 words of a slot-table and a worker-table entry.
+SLOT_WORDS, WORKER_WORDS = SLOT.itemsize // 8, WORKER.itemsize // 8
+#: int64 word index of the header's consumer fields, and uint32 index of its stop flag.
+HEADER_WORDS = {name: HEADER.fields[name][1] // 8 for name in ("taken", "stall_ns", "cursor")}
+HEADER_STOP = HEADER.fields["stop"][1] // 4
+assert all(HEADER.fields[n][1] % 8 == 0 for n in HEADER_WORDS) and HEADER.fields["stop"][1] % 4 == 0
+assert SLOT.itemsize % 8 == 0 and WORKER.itemsize % 8 == 0
+assert _ring.SEM_SIZE <= SEM_STRIDE and HEADER.itemsize <= HEADER_SIZE
+
+
+def align(n: int, to: int = ALIGN) -> int:
+    """``n`` rounded up to a multiple of ``to``."""
+    return -(-n // to) * to
+
+
+def _field(value, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        shape, dtype = value.shape, value.dtype
+    else:
+        try:
+            shape, dtype = value
+        except (TypeError, ValueError):
+            raise ValueError(f"layout field {name!r}: expected an array or (shape, dtype), found {value!r}") from None
+    dtype = np.dtype(dtype)
+    shape = tuple(int(d) for d in shape)
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise ValueError(f"layout field {name!r}: dtype {dtype} cannot live in shared memory")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"layout field {name!r}: shape {shape} has a negative dimension")
+    return shape, dtype
+
+
+def layout_of(template: Mapping[str, Any]) -> dict:
+    """``{name: (shape, dtype)}`` (``Padded`` of two such pairs for padded fields) from a template.
+
+    The template is what ``ExampleParser.allocate(batch_size)`` returns, or the
+    same structure with ``(shape, dtype)`` pairs in place of arrays.
+    """
+    if not isinstance(template, Mapping) or not template:
+        raise ValueError(f"a ring layout is a non-empty dict of fields, found {type(template).__name__}")
+    out = {}
+    for name, value in template.items():
+        if not isinstance(name, str):
+            raise ValueError(f"layout field names are strings, found {name!r}")
+        if isinstance(value, Padded):
+            out[name] = Padded(_field(value.values, f"{name}.values"), _field(value.lengths, f"{name}.lengths"))
+        else:
+            out[name] = _field(value, name)
+    return out
+
+
+def layout_json(layout: dict, steps_per_slot: int) -> bytes:
+    """The layout as the segment stores it (and hashes it, to check attachers' templates)."""
+    fields = []
+    for name, f in layout.items():
+        parts = [f.values, f.lengths] if isinstance(f, Padded) else [f]
+        fields.append([name, isinstance(f, Padded), [[list(s), d.str] for s, d in parts]])
+    return json.dumps({"steps_per_slot": steps_per_slot, "fields": fields}, separators=(",", ":")).encode()
+
+
+def layout_from_json(data: bytes) -> tuple[dict, int]:
+    """(layout, steps_per_slot) from :func:`layout_json`'s bytes."""
+    doc = json.loads(data)
+    layout = {}
+    for name, padded, parts in doc["fields"]:
+        parts = [(tuple(s), np.dtype(d)) for s, d in parts]
+        layout[name] = Padded(*parts) if padded else parts[0]
+    return layout, int(doc["steps_per_slot"])
+
+
+def slot_plan(layout: dict, steps_per_slot: int) -> tuple[list, int]:
+    """[(name, padded, [(offset, shape, dtype), ...])] within a slot, and the slot's size."""
+    plan, offset = [], 0
+    lead = (steps_per_slot,) if steps_per_slot > 1 else ()
+    for name, f in layout.items():
+        parts = []
+        for shape, dtype in ([f.values, f.lengths] if isinstance(f, Padded) else [f]):
+            full = lead + shape
+            parts.append((offset, full, dtype))
+            offset = align(offset + int(np.prod(full, dtype=np.int64)) * dtype.itemsize)
+        plan.append((name, isinstance(f, Padded), parts))
+    return plan, max(offset, ALIGN)
+
+
+class SegmentPlan(NamedTuple):
+    """Byte offsets of a segment's parts, and its total size (a multiple of the page size)."""
+
+    layout: int
+    meta: int
+    semaphores: int
+    table: int
+    workers: int
+    error: int
+    data: int
+    total: int
+
+
+def segment_plan(layout_bytes: int, meta_bytes: int, slots: int, slot_size: int, max_workers: int) -> SegmentPlan:
+    """Where each part of a segment for ``slots`` slots of ``slot_size`` bytes goes: two semaphores a slot
+    (free, filled) and one that claims the error record; the slots start on a page boundary."""
+    meta = align(HEADER_SIZE + layout_bytes)
+    semaphores = align(meta + meta_bytes)
+    table = align(semaphores + (2 * slots + 1) * SEM_STRIDE)
+    workers = align(table + slots * SLOT.itemsize)
+    error = align(workers + max_workers * WORKER.itemsize)
+    page = os.sysconf("SC_PAGE_SIZE")
+    data = align(error + ERROR.itemsize, page)
+    return SegmentPlan(HEADER_SIZE, meta, semaphores, table, workers, error, data, align(data + slots * slot_size, page))

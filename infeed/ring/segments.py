@@ -1,0 +1,141 @@
+"""POSIX shared-memory segments in ``/dev/shm``: created private (mode 0600, 128 random bits in the
+name, never an existing file), removed by their creator on every exit it lives through (close,
+interpreter exit, ``SIGTERM``), and inspected without trusting what another user may have planted."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import stat
+import threading
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from infeed.ring.layout import HEADER, MAGIC
+
+__all__ = ["SHM_DIR", "name_prefix", "create_private", "unlink_owned", "install_sigterm_cleanup", "free_bytes",
+           "read_own", "SegmentCreator", "read_creator"]
+
+#: Where POSIX shared-memory segments live on Linux.
+SHM_DIR = "/dev/shm"
+
+#: path -> creating pid, for every segment this process created and has not yet unlinked.
+_OWNED: dict[str, int] = {}
+_OWNED_LOCK = threading.Lock()
+
+
+def name_prefix() -> str:
+    """The start of every name this user's rings (and their aliases) have in :data:`SHM_DIR`."""
+    return f"infeed-{os.getuid()}-"
+
+
+def create_private() -> tuple[str, str, int]:
+    """(name, path, fd) of a new empty segment of this user, mode exactly 0600 whatever the umask.
+
+    The name holds 128 random bits and an existing file is never reused. The
+    segment is this process's: :func:`unlink_owned` (and ``SIGTERM``, once
+    :func:`install_sigterm_cleanup` ran) removes it.
+    """
+    while True:
+        name = f"{name_prefix()}{secrets.token_hex(16)}"
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:  # 2**-128 odds; never reuse an existing name
+            continue
+        break
+    with _OWNED_LOCK:
+        _OWNED[path] = os.getpid()
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        unlink_owned(path, os.getpid())
+        raise
+    return name, path, fd
+
+
+def unlink_owned(path: str, pid: int) -> None:
+    """Removes ``path`` if this process (``pid``) created it: never from a forked child."""
+    if os.getpid() != pid:
+        return
+    with _OWNED_LOCK:
+        _OWNED.pop(path, None)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _on_sigterm(signum, frame):
+    for path, pid in list(_OWNED.items()):
+        if pid == os.getpid():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    # Die as SIGTERM would have killed us, so the parent sees the real cause.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def install_sigterm_cleanup() -> None:
+    """Unlinks owned segments on SIGTERM, only where SIGTERM still has its default action."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def free_bytes() -> int:
+    """Bytes free in :data:`SHM_DIR` for this user."""
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
+def read_own(path: str, size: int) -> tuple[os.stat_result, bytes] | None:
+    """(stat, first ``size`` bytes) of ``path`` when it is a regular file of this user, else None.
+
+    Never follows a symbolic link: ``/dev/shm`` is world-writable, and a link
+    another user planted under our prefix says nothing about what it points to.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:                     # gone, a link (ELOOP), or not ours to open
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        return st, os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+
+
+class SegmentCreator(NamedTuple):
+    """Who created a ring's segment, as its header says."""
+
+    #: False when the segment does not start with a ring header of this version (yet).
+    has_header: bool
+    #: The creator's pid; 0 while the creator has not written it (it writes the magic first).
+    pid: int
+    #: The creator's start time (clock ticks since boot), 0 when unknown: tells a reused pid apart.
+    start_time: int
+    #: Seconds since the segment was last modified.
+    age: float
+
+
+def read_creator(path: str) -> SegmentCreator | None:
+    """The creator recorded in the ring segment at ``path``; None unless it is a regular file of this user."""
+    found = read_own(path, HEADER.itemsize)
+    if found is None:
+        return None
+    st, raw = found
+    age = time.time() - st.st_mtime
+    if len(raw) < HEADER.itemsize or raw[:8] != MAGIC:
+        return SegmentCreator(False, 0, 0, age)
+    h = np.frombuffer(raw, HEADER, 1)[0]
+    return SegmentCreator(True, int(h["creator_pid"]), int(h["creator_start"]), age)

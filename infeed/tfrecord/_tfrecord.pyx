@@ -1,0 +1,424 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""TFRecord framing: CRC32C, and a reader that finds and checks records in a stream.
+
+A frame is ``uint64 length | uint32 masked_crc32c(length) | data | uint32
+masked_crc32c(data)``, little-endian.  The reader keeps one large buffer
+(several MiB), fills it with ``readinto`` from any binary stream, and checks
+every frame before it yields the data.  Lengths are never trusted: nothing is
+allocated for a record until its bytes have arrived.
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
+from cpython.memoryview cimport PyMemoryView_FromMemory
+from cpython.buffer cimport PyBUF_WRITE, PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
+from libc.string cimport memcpy, memmove
+
+import logging
+
+from infeed.errors import CompressedStreamError, CorruptRecordError, located_os_error
+
+cdef extern from "_crc32c.h":
+    uint32_t infeed_crc32c_extend(uint32_t crc, const uint8_t *data, size_t n) nogil
+    uint32_t infeed_crc32c_mask(uint32_t crc) nogil
+    uint32_t infeed_crc32c_table(uint32_t crc, const uint8_t *data, size_t n) nogil
+    const char *infeed_crc32c_impl()
+
+_log = logging.getLogger("infeed")
+
+DEF HEADER = 12
+DEF FOOTER = 4
+DEF NOGIL_BYTES = 65536
+
+
+def located_io_error(OSError error, str path, int64_t record_index, int64_t offset):
+    """``error``, raised by the stream under a reader, as an OSError that names the file and where
+    the read was (see :func:`infeed.errors.located_os_error`)."""
+    return located_os_error(error, path, f"reading record {record_index} at byte offset {offset}")
+
+
+ctypedef uint32_t (*crc_function)(uint32_t, const uint8_t *, size_t) noexcept nogil
+
+
+cdef uint32_t crc_of(data, uint32_t crc, crc_function fn) except? 0xffffffff:
+    cdef Py_buffer view
+    cdef uint32_t out
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        with nogil:
+            out = fn(crc, <const uint8_t *>view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+def crc32c(data, unsigned int crc=0):
+    """CRC32C of a bytes-like object, extending ``crc``."""
+    return crc_of(data, crc, infeed_crc32c_extend)
+
+
+def crc32c_table(data, unsigned int crc=0):
+    """CRC32C through the portable table, whatever the CPU offers (for tests)."""
+    return crc_of(data, crc, infeed_crc32c_table)
+
+
+def masked_crc32c(data):
+    """TFRecord's masked CRC32C of a bytes-like object."""
+    return infeed_crc32c_mask(crc32c(data))
+
+
+def crc32c_implementation():
+    """``"sse4.2"``, ``"armv8-crc"`` or ``"table"``: what this CPU uses."""
+    return infeed_crc32c_impl().decode()
+
+
+cdef inline uint64_t load_u64(const uint8_t *p) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v |= (<uint64_t>p[i]) << (8 * i)
+    return v
+
+
+cdef inline uint32_t load_u32(const uint8_t *p) noexcept nogil:
+    return (<uint32_t>p[0]) | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
+
+
+cdef inline void store_u32(uint8_t *p, uint32_t v) noexcept nogil:
+    p[0] = v & 0xff
+    p[1] = (v >> 8) & 0xff
+    p[2] = (v >> 16) & 0xff
+    p[3] = (v >> 24) & 0xff
+
+
+cdef inline bint header_ok(const uint8_t *p) noexcept nogil:
+    return infeed_crc32c_mask(infeed_crc32c_extend(0, p, 8)) == load_u32(p + 8)
+
+
+def frame(data):
+    """One TFRecord frame (header, data, footer) around a bytes-like object."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    cdef Py_ssize_t n = view.len
+    cdef bytes out
+    cdef uint8_t *o
+    cdef int i
+    try:
+        out = PyBytes_FromStringAndSize(NULL, n + HEADER + FOOTER)
+        o = <uint8_t *>PyBytes_AS_STRING(out)
+        with nogil:
+            for i in range(8):
+                o[i] = (<uint64_t>n >> (8 * i)) & 0xff
+            store_u32(o + 8, infeed_crc32c_mask(infeed_crc32c_extend(0, o, 8)))
+            memcpy(o + HEADER, view.buf, n)
+            store_u32(o + HEADER + n, infeed_crc32c_mask(infeed_crc32c_extend(0, <const uint8_t *>view.buf, n)))
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+def unframe(frame, str path, int64_t record_index, int64_t offset, int64_t length):
+    """The data of one framed record read at ``offset`` (random access through an index),
+    after checking that its header says ``length`` and that both CRCs verify."""
+    cdef const uint8_t[::1] b = frame
+    cdef Py_ssize_t n = b.shape[0]
+    cdef const uint8_t *p
+    if length < 0 or n != HEADER + length + FOOTER:
+        raise CorruptRecordError(path, record_index, offset, "truncated_data",
+                                 f"read {n} bytes where the index promises {length + HEADER + FOOTER}")
+    p = &b[0]
+    if not header_ok(p):
+        raise CorruptRecordError(path, record_index, offset, "length_crc",
+                                 f"length field reads {load_u64(p)} (is the index stale?)")
+    if load_u64(p) != <uint64_t>length:
+        raise CorruptRecordError(path, record_index, offset, "length_crc",
+                                 f"length field reads {load_u64(p)}, the index says {length} (is it stale?)")
+    cdef uint32_t want
+    with nogil:
+        want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, <size_t>length))
+    if want != load_u32(p + HEADER + length):
+        raise CorruptRecordError(path, record_index, offset, "data_crc",
+                                 f"stored {hex(load_u32(p + HEADER + length))}, computed {hex(want)}")
+    return PyBytes_FromStringAndSize(<const char *>p + HEADER, <Py_ssize_t>length)
+
+
+def looks_like_tfrecord(head):
+    """True when ``head`` (at least 12 bytes) starts with a valid TFRecord header."""
+    cdef const uint8_t[:] b = head
+    if b.shape[0] < HEADER:
+        return False
+    return header_ok(&b[0])
+
+
+cdef class RecordReader:
+    """Iterates over the records of one TFRecord stream, checking both CRCs.
+
+    ``source`` is a binary stream with ``readinto`` (or ``read``); ``size`` is
+    its length in bytes when known (uncompressed files), else -1.  Each damaged
+    record raises :class:`infeed.CorruptRecordError`, and the reader yields
+    nothing after it.  With ``skip_corrupt=True`` it instead resynchronises to
+    the next offset where both CRCs verify, logs a warning and counts what it
+    skipped in ``skipped_regions`` and ``skipped_bytes``.
+    """
+
+    # Attributes and C methods are declared in _tfrecord.pxd.
+
+    def __cinit__(self, source, str path, int64_t size=-1, bint skip_corrupt=False,
+                  Py_ssize_t buffer_size=8 << 20):
+        if buffer_size < 64:
+            raise ValueError(f"buffer_size must be at least 64 bytes, got {buffer_size}")
+        self.source = source
+        self._readinto = getattr(source, "readinto", None)
+        self.path = path
+        self.size = size
+        self.skip_corrupt = skip_corrupt
+        self.chunk = buffer_size
+        self.cap = buffer_size if size < 0 or size + 1 > buffer_size else max(<Py_ssize_t>size + 1, 64)
+        self.buf = <uint8_t *>PyMem_Malloc(self.cap)
+        if self.buf == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        PyMem_Free(self.buf)
+
+    def __iter__(self):
+        return self
+
+    def tell(self):
+        """Stream offset of the next record."""
+        return self.buf_offset + self.start
+
+    def close(self):
+        """Closes the underlying stream."""
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    cdef int _fill(self) except -1:
+        """Reads more bytes after ``end``; sets ``eof`` when the stream is done."""
+        cdef Py_ssize_t got = 0
+        if self.start > 0 and (self.end == self.cap or self.start >= self.cap // 2):
+            memmove(self.buf, self.buf + self.start, self.end - self.start)
+            self.buf_offset += self.start
+            self.end -= self.start
+            self.start = 0
+        if self.end == self.cap:
+            self._grow(self.cap * 2)
+        view = PyMemoryView_FromMemory(<char *>self.buf + self.end, self.cap - self.end, PyBUF_WRITE)
+        try:
+            if self._readinto is not None:
+                got = self._readinto(view) or 0
+            else:
+                data = self.source.read(self.cap - self.end)
+                got = len(data)
+                view[:got] = data
+        except CompressedStreamError as e:
+            last = (f"the last good record is {self.records_read - 1}" if self.records_read
+                    else "no record was read before it")
+            self._fail(self.records_read, self.buf_offset + self.start, "compressed_stream", f"{e}; {last}")
+        except OSError as e:         # an I/O error is no damage: the reader stays usable for a retry
+            raise located_io_error(e, self.path, self.records_read, self.buf_offset + self.start) from e
+        finally:
+            view.release()
+        if got == 0:
+            self.eof = True
+        self.end += got
+        return 0
+
+    cdef int _grow(self, Py_ssize_t want) except -1:
+        cdef uint8_t *p = <uint8_t *>PyMem_Realloc(self.buf, want)
+        if p == NULL:
+            raise MemoryError(f"{self.path}: cannot buffer a record of {want} bytes")
+        self.buf = p
+        self.cap = want
+        return 0
+
+    cdef int _ensure(self, Py_ssize_t need) except -1:
+        """Makes ``need`` bytes available from ``start``, unless the stream ends first.
+
+        The buffer grows only as data arrives (at most doubling), so a bogus
+        length never allocates more than twice what the stream really holds.
+        """
+        while self.end - self.start < need and not self.eof:
+            if self.start + need > self.cap and self.start > 0:
+                memmove(self.buf, self.buf + self.start, self.end - self.start)
+                self.buf_offset += self.start
+                self.end -= self.start
+                self.start = 0
+            if need > self.cap and self.end == self.cap:
+                self._grow(min(need, self.cap * 2))
+            self._fill()
+        return 0
+
+    cdef int _fail(self, int64_t index, int64_t offset, str kind, str detail) except -1:
+        err = CorruptRecordError(self.path, index, offset, kind, detail)
+        self.error = err
+        raise err
+
+    cdef str _hint(self):
+        """At offset 0 only: what the file looks like, when it does not start with a record."""
+        cdef const uint8_t *p = self.buf + self.start
+        cdef Py_ssize_t avail = self.end - self.start
+        if self.buf_offset + self.start != 0:
+            return ""
+        if avail >= 2 and p[0] == 0x1f and p[1] == 0x8b:
+            return "; the file starts like GZIP: read it with compression='GZIP'"
+        if avail >= 2 and p[0] == 0x78 and ((p[0] << 8) | p[1]) % 31 == 0:
+            return "; the file starts like a ZLIB stream: read it with compression='ZLIB'"
+        if avail >= 3 and p[0] == 0xff and p[1] == 0xd8 and p[2] == 0xff:
+            return "; the file is a JPEG image, not a TFRecord file"
+        head = PyBytes_FromStringAndSize(<const char *>p, min(avail, 16))
+        return f"; is this a TFRecord file? It starts with {head!r}"
+
+    def __next__(self):
+        out = self._step(True)
+        if out is None:
+            raise StopIteration
+        return out
+
+    def skip(self, Py_ssize_t n):
+        """Moves past up to ``n`` records without copying them; returns how many it passed (fewer
+        at the end).  It checks their framing (header CRC and length); with ``skip_corrupt`` their
+        data CRC too, so that it passes exactly the records a read would yield.  Otherwise the
+        reader that owns those records checks their data."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        cdef Py_ssize_t done = 0
+        while done < n and self._step(False) is not None:
+            done += 1
+        return done
+
+    cdef object _step(self, bint want_data):
+        """The next record's bytes (``want_data``) or True (skipped), or None at the end."""
+        cdef const uint8_t *data
+        cdef Py_ssize_t n
+        if not self.next_frame(want_data, &data, &n):
+            return None
+        if not want_data:
+            return True
+        return PyBytes_FromStringAndSize(<const char *>data, n)
+
+    cdef int next_frame(self, bint check_data, const uint8_t **data, Py_ssize_t *size) except -1:
+        """Finds the next record: 1 with ``data``/``size`` pointing at it inside the buffer (valid
+        until the next call), or 0 at the end. ``check_data``: verify its data CRC (else the framing only,
+        unless ``skip_corrupt``: then a record with bad data must be skipped as a read would)."""
+        cdef uint64_t length
+        cdef Py_ssize_t avail
+        cdef int64_t offset, total, left
+        cdef const uint8_t *p
+        cdef uint32_t want, got
+        if self.error is not None:
+            raise self.error
+        while True:
+            self._ensure(HEADER)
+            avail = self.end - self.start
+            offset = self.buf_offset + self.start
+            if avail == 0:
+                return 0
+            if avail < HEADER:
+                if self._corrupt(offset, "truncated_header",
+                                 f"{avail} of {HEADER} header bytes before the end of the file" + self._hint()):
+                    continue
+                return 0
+            p = self.buf + self.start
+            if not header_ok(p):
+                if self._corrupt(offset, "length_crc", f"length field reads {load_u64(p)}, CRC stored "
+                                 + hex(load_u32(p + 8)) + ", computed "
+                                 + hex(infeed_crc32c_mask(infeed_crc32c_extend(0, p, 8))) + self._hint()):
+                    continue
+                return 0
+            length = load_u64(p)
+            left = self.size - offset - HEADER - FOOTER
+            if self.size >= 0 and (left < 0 or length > <uint64_t>left):
+                total = self.size
+                if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
+                                 f"length {length}, {total - offset - HEADER} bytes left after the header"):
+                    continue
+                return 0
+            if length > (<uint64_t>1 << 62):
+                if self._corrupt(offset, "length_exceeds_file", f"length {length}"):
+                    continue
+                return 0
+            self._ensure(HEADER + <Py_ssize_t>length + FOOTER)
+            avail = self.end - self.start
+            if avail < HEADER + <Py_ssize_t>length + FOOTER:
+                total = self.buf_offset + self.end
+                if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
+                                 f"length {length}, {avail - HEADER} bytes left after the header"):
+                    continue
+                return 0
+            p = self.buf + self.start
+            data[0] = p + HEADER
+            size[0] = <Py_ssize_t>length
+            if not check_data and not self.skip_corrupt:
+                self.start += HEADER + <Py_ssize_t>length + FOOTER
+                self.records_read += 1
+                return 1
+            if length >= NOGIL_BYTES:      # below this, releasing the GIL costs more than it frees
+                with nogil:
+                    want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, length))
+            else:
+                want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, length))
+            got = load_u32(p + HEADER + length)
+            if want != got:
+                if self._corrupt(offset, "data_crc", f"stored {hex(got)}, computed {hex(want)}"):
+                    continue
+                return 0
+            self.start += HEADER + <Py_ssize_t>length + FOOTER
+            self.records_read += 1
+            return 1
+
+    def read_batch(self, Py_ssize_t max_records):
+        """Up to ``max_records`` records as a list (empty at the end of the stream)."""
+        if max_records < 0:
+            raise ValueError(f"max_records must be >= 0, got {max_records}")
+        out = []
+        while len(out) < max_records:
+            record = self._step(True)
+            if record is None:
+                break
+            out.append(record)
+        return out
+
+    cdef bint _corrupt(self, int64_t offset, str kind, str detail) except -1:
+        """Raises, or with skip_corrupt resynchronises: True when a good record follows."""
+        if not self.skip_corrupt:
+            self._fail(self.records_read, offset, kind, detail)
+        err = CorruptRecordError(self.path, self.records_read, offset, kind, detail)
+        cdef int64_t skipped = self._resync()
+        self.skipped_regions += 1
+        self.skipped_bytes += skipped
+        _log.warning("%s; skipped %d bytes to the next good record", err, skipped)
+        return True
+
+    cdef int64_t _resync(self) except -1:
+        """Moves ``start`` past the damage to the next offset where a whole frame verifies."""
+        cdef int64_t begin = self.buf_offset + self.start
+        cdef const uint8_t *p
+        cdef uint64_t length
+        cdef Py_ssize_t need
+        self.start += 1
+        while True:
+            self._ensure(HEADER)
+            if self.end - self.start < HEADER:
+                self.start = self.end          # nothing valid before the end
+                return self.buf_offset + self.start - begin
+            p = self.buf + self.start
+            if header_ok(p):
+                length = load_u64(p)
+                if length <= (<uint64_t>1 << 62) and (self.size < 0 or
+                        length + HEADER + FOOTER <= <uint64_t>(self.size - self.buf_offset - self.start)):
+                    need = HEADER + <Py_ssize_t>length + FOOTER
+                    self._ensure(need)
+                    p = self.buf + self.start
+                    if self.end - self.start >= need and infeed_crc32c_mask(
+                            infeed_crc32c_extend(0, p + HEADER, length)) == load_u32(p + HEADER + length):
+                        return self.buf_offset + self.start - begin
+            self.start += 1

@@ -1,0 +1,203 @@
+"""Record-offset sidecars: ``FILE.index`` beside a TFRecord file gives random access to its records.
+
+The sidecar is little-endian binary: a 40-byte header (``<8sIIQQI4x``: magic
+``INFEEDIX``, version, flags, the data file's size, the record count, the CRC32C
+of the payload), then the payload: one uint64 per record, the byte offset of its
+header. Lengths follow from the offsets and the file size, since each record is
+framed by 12 header and 4 footer bytes. A sidecar is untrusted input: every field
+is checked on load, and one that does not describe the data file as it is now
+raises :class:`~infeed.errors.IndexFileError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from infeed.errors import IndexFileError
+from infeed.tfrecord import _tfrecord
+from infeed.tfrecord.reader import _EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output, read_records
+
+__all__ = ["INDEX_SUFFIX", "RecordIndex", "build_index", "index_path", "load_index", "write_index"]
+
+INDEX_SUFFIX = ".index"
+MAGIC = b"INFEEDIX"
+VERSION = 1
+_HEADER = struct.Struct("<8sIIQQI4x")
+_FRAMING = 16                      # 8-byte length, its 4-byte CRC, and the data's 4-byte CRC
+
+
+class RecordIndex(NamedTuple):
+    """Where each record of one uncompressed TFRecord file starts, and the length of its data."""
+
+    path: str                      #: the data file
+    file_size: int                 #: its size in bytes when indexed
+    offsets: np.ndarray            #: int64 [N]: byte offset of each record's header
+    lengths: np.ndarray            #: int64 [N]: each record's data length (it spans 16 more bytes)
+
+    @property
+    def count(self) -> int:
+        """The number of records."""
+        return len(self.offsets)
+
+
+def index_path(path) -> str:
+    """The sidecar of the data file ``path`` (a local path or a URI)."""
+    return os.fspath(path) + INDEX_SUFFIX
+
+
+def build_index(path) -> RecordIndex:
+    """Indexes the records of the uncompressed TFRecord file ``path``, checking both CRCs of each.
+
+    Damage raises :class:`~infeed.errors.CorruptRecordError`; a compressed file, ValueError.
+    """
+    path = os.fspath(path)
+    _refuse_compressed(path)
+    offsets, lengths = [], []
+    with read_records(path, compression=None) as reader:
+        offset = reader.tell()
+        for record in reader:
+            offsets.append(offset)
+            lengths.append(len(record))
+            offset = reader.tell()
+    return RecordIndex(path, offset, np.array(offsets, np.int64), np.array(lengths, np.int64))
+
+
+def _refuse_compressed(path: str) -> None:
+    compression = _EXTENSIONS.get(os.path.splitext(path.rstrip("/"))[1].lower())
+    if compression is None:
+        stream, _ = open_input(path)
+        with stream:
+            compression = _sniff(stream.read(_SNIFF_BYTES))
+    if compression is not None:
+        raise ValueError(f"{path}: cannot index a {compression}-compressed file: offsets in a compressed "
+                         "stream give no random access (index an uncompressed copy)")
+
+
+def write_index(index: RecordIndex, dest=None) -> str:
+    """Writes ``index`` atomically to ``dest`` (default: its sidecar path); returns where.
+
+    Raises ValueError when the offsets, lengths and file size do not fit together.
+    """
+    dest = index_path(index.path) if dest is None else os.fspath(dest)
+    offsets = np.asarray(index.offsets, np.int64)
+    try:
+        lengths = _lengths(offsets, index.file_size)
+    except ValueError as e:
+        raise ValueError(f"{index.path}: refusing to write an inconsistent index: {e}") from None
+    if not np.array_equal(lengths, index.lengths):
+        raise ValueError(f"{index.path}: refusing to write an inconsistent index: "
+                         "its lengths do not match the gaps between its offsets")
+    payload = offsets.astype("<u8").tobytes()
+    header = _HEADER.pack(MAGIC, VERSION, 0, index.file_size, len(offsets), _tfrecord.crc32c(payload))
+    _write_atomically(dest, header + payload)
+    return dest
+
+
+def _write_atomically(dest: str, data: bytes) -> None:
+    """Writes ``data`` to a temporary name beside ``dest``, then renames it to ``dest``."""
+    tmp = f"{dest}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with open_output(tmp) as out:
+            out.write(data)
+        _rename(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _remove(tmp)
+        raise
+
+
+def _rename(src: str, dest: str) -> None:
+    if not _is_uri(dest):
+        os.replace(src, dest)
+        return
+    import pyarrow.fs as pafs
+
+    fs, inner_src = pafs.FileSystem.from_uri(src)
+    fs.move(inner_src, pafs.FileSystem.from_uri(dest)[1])
+
+
+def _remove(path: str) -> None:
+    if not _is_uri(path):
+        os.unlink(path)
+        return
+    import pyarrow.fs as pafs
+
+    fs, inner = pafs.FileSystem.from_uri(path)
+    fs.delete_file(inner)
+
+
+def load_index(path) -> RecordIndex | None:
+    """The index of the data file ``path`` read from its sidecar, or None when it has none.
+
+    Raises :class:`~infeed.errors.IndexFileError` when the sidecar is damaged, does not fit
+    together, or was built for a different size of the data file (stale).
+    """
+    path = os.fspath(path)
+    sidecar = index_path(path)
+    try:
+        stream, _ = open_input(sidecar)
+    except FileNotFoundError:
+        return None
+    with stream:
+        raw = stream.read(_HEADER.size)
+        if len(raw) < _HEADER.size:
+            raise IndexFileError(sidecar, f"truncated header: {len(raw)} of {_HEADER.size} bytes")
+        magic, version, flags, file_size, count, crc = _HEADER.unpack(raw)
+        if magic != MAGIC:
+            raise IndexFileError(sidecar, f"bad magic {magic!r}, expected {MAGIC!r}")
+        if version != VERSION:
+            raise IndexFileError(sidecar, f"version {version}, this infeed reads version {VERSION}")
+        if flags != 0:
+            raise IndexFileError(sidecar, f"unknown flags {flags:#x}")
+        payload = stream.read()
+    if len(payload) != 8 * count:
+        raise IndexFileError(sidecar, f"truncated or oversized: {_HEADER.size + len(payload)} bytes where "
+                                      f"{count} records need {_HEADER.size + 8 * count}")
+    computed = _tfrecord.crc32c(payload)
+    if computed != crc:
+        raise IndexFileError(sidecar, f"payload CRC32C mismatch: stored {crc:#010x}, computed {computed:#010x}")
+    offsets = np.frombuffer(payload, "<u8")
+    try:
+        lengths = _lengths(offsets, file_size)
+    except ValueError as e:
+        raise IndexFileError(sidecar, str(e)) from None
+    stream, size = open_input(path)
+    stream.close()
+    if size != file_size:
+        raise IndexFileError(sidecar, f"stale: built for {file_size} bytes of {path}, which now has {size}")
+    return RecordIndex(path, file_size, offsets.astype(np.int64), lengths)
+
+
+def _lengths(offsets: np.ndarray, file_size: int) -> np.ndarray:
+    """Each record's data length, from where it and the next one start; ValueError naming the first
+    inconsistency (a first offset other than 0, offsets not increasing, records that overlap or
+    run past the end of the file)."""
+    if not 0 <= file_size < 1 << 63:
+        raise ValueError(f"file size {file_size} is out of range")
+    if len(offsets) == 0:
+        if file_size:
+            raise ValueError(f"no records, but the file has {file_size} bytes")
+        return np.zeros(0, np.int64)
+    if offsets[0] != 0:
+        raise ValueError(f"the first record starts at byte {offsets[0]}, not 0")
+    outside = (offsets < 0) | (offsets > file_size - _FRAMING)
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise ValueError(f"record {i} starts at byte {offsets[i]}, outside the file's {file_size} bytes")
+    offsets = offsets.astype(np.int64)
+    lengths = np.diff(offsets, append=np.int64(file_size)) - _FRAMING
+    bad = np.flatnonzero(lengths < 0)
+    if bad.size:
+        i = int(bad[0])
+        if offsets[i + 1] <= offsets[i]:
+            raise ValueError(f"offsets not increasing: record {i} starts at byte {offsets[i]}, "
+                             f"record {i + 1} at {offsets[i + 1]}")
+        raise ValueError(f"records {i} and {i + 1} overlap: they start {offsets[i + 1] - offsets[i]} "
+                         f"bytes apart, less than the {_FRAMING} bytes of framing")
+    return lengths

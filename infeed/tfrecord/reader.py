@@ -1,0 +1,427 @@
+"""Reading TFRecord files: local paths or any URI pyarrow.fs understands, plain or compressed."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+import zlib
+
+from infeed.errors import CompressedStreamError, located_os_error
+from infeed.tfrecord import _tfrecord
+
+__all__ = ["read_records", "open_input", "open_random_access", "COMPRESSIONS", "RecordReader"]
+
+RecordReader = _tfrecord.RecordReader
+
+#: Accepted values of ``compression``.
+COMPRESSIONS = (None, "GZIP", "ZLIB", "auto")
+
+_DEFAULT_BUFFER = 8 << 20
+_EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zlib": "ZLIB", ".zz": "ZLIB"}
+
+#: Attempts at each open and read of a remote file (URI), the first included, before its OSError
+#: is raised; and the wait before the second attempt, doubled before each further one.
+REMOTE_ATTEMPTS = 4
+REMOTE_RETRY_WAIT_S = 0.25
+
+#: OSErrors that no retry cures: raised at the first attempt.
+_PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+_log = logging.getLogger("infeed")
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def _filesystem(uri: str):
+    """``(pyarrow filesystem, path inside it)`` for a URI."""
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(uri)
+
+
+def _retrying(call, uri: str, what: str):
+    """``call()``, tried up to REMOTE_ATTEMPTS times while it raises a transient OSError, with a
+    growing wait between attempts; the last error says how many attempts were made."""
+    wait = REMOTE_RETRY_WAIT_S
+    for attempt in range(1, REMOTE_ATTEMPTS + 1):
+        try:
+            return call()
+        except _PERMANENT_ERRORS:
+            raise
+        except OSError as e:
+            if attempt == REMOTE_ATTEMPTS:
+                reason = f"{e.strerror or e or type(e).__name__} ({what}; gave up after {attempt} attempts)"
+                raise (OSError(e.errno, reason) if e.errno else OSError(reason)) from e
+            _log.warning("%s: %s failed (%s); attempt %d of %d in %.2g s", uri, what, e, attempt + 1,
+                         REMOTE_ATTEMPTS, wait)
+            time.sleep(wait)
+            wait *= 2
+
+
+class _RemoteInput:
+    """A remote file read front to back that survives transient failures: a failed read is
+    retried (``_retrying``) on the file opened afresh at the offset reached."""
+
+    def __init__(self, fs, inner: str, uri: str):
+        self._fs = fs
+        self._inner = inner
+        self._uri = uri
+        self._pos = 0
+        self._file = None
+
+    def _call(self, method: str, arg):
+        def attempt():
+            if self._file is None:
+                f = self._fs.open_input_file(self._inner)
+                try:
+                    f.seek(self._pos)
+                except BaseException:
+                    f.close()
+                    raise
+                self._file = f
+            try:
+                return getattr(self._file, method)(arg)
+            except OSError:
+                self._drop()          # a stream after an error is in no known state: reopen it
+                raise
+        return _retrying(attempt, self._uri, f"read at byte {self._pos}")
+
+    def readinto(self, view) -> int:
+        got = self._call("readinto", view) or 0
+        self._pos += got
+        return got
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._call("read", n if n >= 0 else None)
+        self._pos += len(data)
+        return data
+
+    def _drop(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass              # closing a broken connection may fail too; the retry opens anew
+
+    def close(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_input(path: str):
+    """A binary input stream and its size in bytes (-1 when unknown) for a path or URI.
+
+    A URI's file is read with bounded retries (REMOTE_ATTEMPTS) of each failed open or read."""
+    path = os.fspath(path)
+    if not _is_uri(path):
+        f = open(path, "rb", buffering=0)
+        return f, os.fstat(f.fileno()).st_size
+    import pyarrow.fs as pafs
+
+    fs, inner = _filesystem(path)
+    try:
+        info = _retrying(lambda: fs.get_file_info(inner), path, "looking the file up")
+    except OSError as e:
+        raise _tfrecord.located_io_error(e, path, 0, 0) from e
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(errno.ENOENT, "no such file", path)
+    stream = _RemoteInput(fs, inner, path)
+    try:
+        stream.read(0)            # open it now: a failure to open is raised here, not at the first record
+    except OSError as e:
+        stream.close()
+        raise _tfrecord.located_io_error(e, path, 0, 0) from e
+    except BaseException:
+        stream.close()
+        raise
+    return stream, (info.size if info.size is not None else -1)
+
+
+def _located(error: OSError, path: str, offset: int, n: int) -> OSError:
+    return located_os_error(error, path, f"reading {n} bytes at byte offset {offset}")
+
+
+class _LocalRandomAccess:
+    def __init__(self, path: str):
+        self._path = path
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        try:
+            return os.pread(self._fd, n, offset)
+        except OSError as e:
+            raise _located(e, self._path, offset, n) from e
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class _ArrowRandomAccess:
+    """Reads at offsets of a remote file, each failed read retried on the file opened afresh."""
+
+    def __init__(self, fs, inner: str, uri: str):
+        self._fs = fs
+        self._inner = inner
+        self._uri = uri
+        self._file = _retrying(lambda: fs.open_input_file(inner), uri, "opening the file")
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        def attempt():
+            if self._file is None:
+                self._file = self._fs.open_input_file(self._inner)
+            try:
+                return self._file.read_at(n, offset).to_pybytes()
+            except OSError:
+                f, self._file = self._file, None
+                try:
+                    f.close()
+                except OSError:
+                    pass
+                raise
+        try:
+            return _retrying(attempt, self._uri, f"read at byte {offset}")
+        except OSError as e:
+            raise _located(e, self._uri, offset, n) from e
+
+    def close(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+
+
+def open_random_access(path: str):
+    """An object with ``read_at(offset, n) -> bytes`` and ``close()`` for a path or URI.
+
+    A failed read raises OSError naming the file and offset, after bounded retries for a URI."""
+    path = os.fspath(path)
+    if not _is_uri(path):
+        return _LocalRandomAccess(path)
+    fs, inner = _filesystem(path)
+    return _ArrowRandomAccess(fs, inner, path)
+
+
+def open_output(path: str):
+    """A binary output stream for a path or URI."""
+    path = os.fspath(path)
+    if not _is_uri(path):
+        return open(path, "wb")
+    import pyarrow.fs as pafs
+
+    fs, inner = pafs.FileSystem.from_uri(path)
+    return fs.open_output_stream(inner, compression=None)
+
+
+_SALVAGE_PIECE = 4096            # deflate inflates at most 1032 bytes per input byte: 4 MiB a piece
+_SALVAGE_LIMIT = 64 << 20
+
+
+class _Decompressing:
+    """``readinto`` over a GZIP or ZLIB stream (concatenated members too).
+
+    At damage, it first hands out all that inflates before the damaged byte, so that the reader
+    yields every record before it, then raises CompressedStreamError naming that byte's offset
+    in the compressed file."""
+
+    def __init__(self, raw, compression: str, path: str, chunk: int):
+        self._raw = raw
+        self._wbits = 31 if compression == "GZIP" else 15
+        self._name = compression
+        self._path = path
+        self._chunk = chunk
+        self._z = zlib.decompressobj(self._wbits)
+        self._pending = b""
+        self._raw_eof = False
+        self._started = False        # the current member has consumed input
+        self._raw_read = 0           # compressed bytes read so far; what is fed is always their tail
+        self._inflated = 0           # bytes inflated so far
+        self._failure = None         # raised once what inflated before the damage is handed out
+        self._salvaged = b""         # that output, handed out from _salvaged_at
+        self._salvaged_at = 0
+
+    def _damaged(self, what: str, at: int, exact: bool = True) -> CompressedStreamError:
+        hint = (f"; nothing inflated before it: is the file really {self._name}-compressed?"
+                if self._inflated == 0 and not self._salvaged else "")
+        where = "at" if exact else "at or after"
+        return CompressedStreamError(f"{what} {where} compressed byte {at}{hint}")
+
+    def _salvage(self, z, data: bytes) -> tuple[bytes, int, bool]:
+        """What ``z`` (the decompressor before ``data``) inflates from ``data`` before its damage:
+        ``(output, offset in data of the byte that fails, whether that byte was found)``.
+
+        Inflated again in pieces, copying the decompressor before each, byte by byte in the piece
+        that fails: inflate's verdict on damage may depend on how its output is cut (a window
+        smaller than a distance is legal only within one call), so the output handed out is
+        this pass's own.  It stops early after _SALVAGE_LIMIT bytes of output."""
+        out = bytearray()
+        for i in range(0, len(data), _SALVAGE_PIECE):
+            if len(out) >= _SALVAGE_LIMIT:
+                return bytes(out), i, False
+            piece, saved = data[i:i + _SALVAGE_PIECE], z.copy()
+            try:
+                out += z.decompress(piece)
+            except zlib.error:
+                z = saved
+                for j in range(len(piece)):
+                    try:
+                        out += z.decompress(piece[j:j + 1])
+                    except zlib.error:
+                        return bytes(out), i + j, True
+                return bytes(out), i + len(piece), True      # (inflate rejected only the whole piece)
+            if z.eof:
+                return bytes(out), i + len(piece), True       # the damage was in the next member's start
+        return bytes(out), len(data), True
+
+    def readinto(self, view) -> int:
+        want = len(view)
+        while True:
+            if self._salvaged:
+                n = min(want, len(self._salvaged) - self._salvaged_at)
+                view[:n] = self._salvaged[self._salvaged_at:self._salvaged_at + n]
+                self._salvaged_at += n
+                if self._salvaged_at == len(self._salvaged):
+                    self._salvaged, self._salvaged_at = b"", 0
+                self._inflated += n
+                return n
+            if self._failure is not None:
+                raise self._failure
+            if self._pending:
+                data = self._pending
+            elif self._z.unconsumed_tail:
+                data = self._z.unconsumed_tail
+            else:
+                if self._raw_eof:
+                    return 0
+                data = self._raw.read(self._chunk)
+                self._raw_read += len(data)
+                if not data:
+                    self._raw_eof = True
+                    if not self._z.eof and (self._z.unconsumed_tail or self._started):
+                        raise self._damaged(f"{self._name} stream cut short", self._raw_read)
+                    return 0
+            self._pending = b""
+            before = self._z.copy()
+            try:
+                out = self._z.decompress(data, want)
+            except zlib.error as e:
+                self._salvaged, at, exact = self._salvage(before, data)
+                self._salvaged_at = 0
+                at += self._raw_read - len(data)      # what is fed is always the tail of what was read
+                self._failure = self._damaged(f"damaged {self._name} stream ({e})", at, exact)
+                continue
+            self._started = True
+            if self._z.eof:
+                rest = self._z.unused_data
+                self._z = zlib.decompressobj(self._wbits)     # a following member, if any
+                self._started = False
+                self._pending = rest
+            if out:
+                view[: len(out)] = out
+                self._inflated += len(out)
+                return len(out)
+
+    def close(self):
+        self._raw.close()
+
+
+_SNIFF_BYTES = 4096
+
+
+def _sniff(head: bytes) -> str | None:
+    """GZIP or ZLIB when ``head`` starts such a stream and inflates without error, else None.
+
+    A two-byte magic alone is not enough: a damaged plain file may start with one.
+    """
+    if _tfrecord.looks_like_tfrecord(head):
+        return None
+    if head[:2] == b"\x1f\x8b":
+        guess, wbits = "GZIP", 31
+    elif len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
+        guess, wbits = "ZLIB", 15
+    else:
+        return None
+    try:
+        zlib.decompressobj(wbits).decompress(head)
+    except zlib.error:
+        return None
+    return guess
+
+
+class _Peeked:
+    """A stream with its first bytes read ahead (for sniffing) and put back."""
+
+    def __init__(self, raw, head: bytes):
+        self._raw = raw
+        self._head = head
+
+    def read(self, n=-1):
+        if not self._head:
+            return self._raw.read(n)
+        cut = len(self._head) if n < 0 else n
+        out, self._head = self._head[:cut], self._head[cut:]
+        return out
+
+    def readinto(self, view):
+        if self._head:
+            n = min(len(view), len(self._head))
+            view[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._raw.readinto(view)
+
+    def close(self):
+        self._raw.close()
+
+
+def read_records(path, compression="auto", skip_corrupt: bool = False,
+                 buffer_size: int = _DEFAULT_BUFFER) -> RecordReader:
+    """Iterates over the records of a TFRecord file, checking both CRCs of each.
+
+    ``compression`` is None, ``"GZIP"``, ``"ZLIB"`` or ``"auto"`` (from the
+    extension, else from the stream's first bytes).  Damage raises
+    :class:`infeed.CorruptRecordError` (file, record index, byte offset); with
+    ``skip_corrupt=True`` the reader resynchronises at the next good record
+    instead, in the same file, logs a warning and counts what it skipped
+    (``reader.skipped_regions``, ``reader.skipped_bytes``).  A damaged GZIP/ZLIB
+    stream cannot be resynchronised: it raises (kind ``compressed_stream``)
+    naming the last good record.  An I/O error is an OSError naming the file,
+    the record and the offset; a URI's reads are retried first (REMOTE_ATTEMPTS).
+
+    >>> for record in read_records("train.tfrecord"):   # doctest: +SKIP
+    ...     example = decode_example(record)
+    """
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    path = os.fspath(path)
+    raw, size = open_input(path)
+    try:
+        if compression == "auto":
+            ext = os.path.splitext(path.rstrip("/"))[1].lower()
+            compression = _EXTENSIONS.get(ext)
+            if compression is None:
+                try:
+                    head = raw.read(_SNIFF_BYTES)
+                except OSError as e:
+                    raise _tfrecord.located_io_error(e, path, 0, 0) from e
+                compression = _sniff(head)
+                raw = _Peeked(raw, head)
+        if compression is not None:
+            raw = _Decompressing(raw, compression, path, min(buffer_size, 1 << 20))
+            size = -1
+        return RecordReader(raw, path, size, skip_corrupt, buffer_size)
+    except BaseException:
+        raw.close()
+        raise
