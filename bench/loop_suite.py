@@ -67,19 +67,16 @@ program is compiled and has run by then.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
+from bench.children import child_main, run_child
 from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log
 
 __all__ = ["run", "default_steps", "figure_names", "timing_names", "ratio_targets", "group_name", "cl_name",
@@ -87,6 +84,8 @@ __all__ = ["run", "default_steps", "figure_names", "timing_names", "ratio_target
            "VARIANTS", "TARGETS", "CHECK_STEPS"]
 
 SUITE = "loop"
+#: This module, as the suite's measuring process runs it (``python -m bench.loop_suite --child JSON``).
+MODULE = "bench.loop_suite"
 MODELS = ("mlp", "tiny")
 DEVICES = (1, 8)
 #: Global batch per step.
@@ -429,43 +428,6 @@ def _child(config: dict) -> None:
 
 # --- the suite (this process: no JAX) ---------------------------------------------------------------
 
-def _child_env(devices: int | None) -> dict:
-    """The measuring process's environment: ``devices`` CPU devices, or (None) JAX's default devices."""
-    env = dict(os.environ)
-    if devices is not None:
-        flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
-        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
-        env["JAX_PLATFORMS"] = "cpu"
-    for name in ("JAX_NUM_CPU_DEVICES", "JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE"):
-        env.pop(name, None)
-    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
-def _run_child(config: dict, timeout: float, module: str = "bench.loop_suite", suite: str = SUITE) -> dict:
-    """Runs ``python -m <module> --child <config as JSON>`` on ``config["devices"]`` CPU devices (None: JAX's
-    default devices, an accelerator's where there is one); returns the JSON it wrote to ``config["out"]`` (a
-    temporary file). The ``train`` and ``transfer`` suites' processes run here too."""
-    with tempfile.TemporaryDirectory(prefix=f"bench-{suite}-") as tmp:
-        config = {**config, "out": os.path.join(tmp, "out.json")}
-        cmd = [sys.executable, "-m", module, "--child", json.dumps(config)]
-        try:
-            done = subprocess.run(cmd, env=_child_env(config["devices"]), cwd=str(Path(__file__).resolve().parents[1]),
-                                  stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{suite}: the {config['devices'] or 'default'}-device measurements took over "
-                               f"{timeout:.0f} s (killed)") from None
-        if done.stdout.strip():
-            log(done.stdout.rstrip())
-        if done.returncode != 0:
-            raise RuntimeError(f"{suite}: the {config['devices'] or 'default'}-device measurements failed (exit status "
-                               f"{done.returncode}; see the messages above)")
-        with open(config["out"]) as f:
-            return json.load(f)
-
-
 def run(devices: Sequence[int] = DEVICES, *, models: Sequence[str] = MODELS, quick: bool = False,
         repeats: int | None = None, steps: Mapping[str, int] | None = None, ttfs_samples: int | None = None,
         variants: bool | None = None, timeout: float = CHILD_TIMEOUT) -> SuiteResult:
@@ -509,14 +471,14 @@ def run(devices: Sequence[int] = DEVICES, *, models: Sequence[str] = MODELS, qui
         per_model = plan[d]
         result.params["steps"][str(d)] = per_model
         log(f"loop: measuring on {d} CPU device{'s' if d > 1 else ''} in a new process ...")
-        child = _run_child({"devices": d, "models": models, "steps": per_model, "repeats": repeats,
-                            "ttfs_samples": ttfs_samples, "variants": variants}, timeout)
+        child = run_child({"devices": d, "models": models, "steps": per_model, "repeats": repeats,
+                           "ttfs_samples": ttfs_samples, "variants": variants}, timeout, MODULE, SUITE)
         result.params.update(jax=child["jax"], optax=child["optax"], platform=child["platform"])
         log(f"loop: time to first step from the persistent cache on {d} CPU device{'s' if d > 1 else ''}, in a "
             "new process ...")
         with tempfile.TemporaryDirectory(prefix="bench-loop-cache-") as cache_dir:
-            cached = _run_child({"devices": d, "models": models, "ttfs_samples": ttfs_samples,
-                                 "cache_dir": cache_dir}, timeout)["cached_ttfs_ms"]
+            cached = run_child({"devices": d, "models": models, "ttfs_samples": ttfs_samples,
+                                "cache_dir": cache_dir}, timeout, MODULE, SUITE)["cached_ttfs_ms"]
         for m in models:
             child["models"][m]["timings"][TTFS_CACHED] = ("ms", cached[m])
         for m in models:
@@ -592,20 +554,8 @@ def _notes(result: SuiteResult, models, devices, variants) -> list[str]:
     return out
 
 
-def child_main(module: str, suite: str, child, argv=None) -> int:
-    """The ``main`` of a suite's measuring process (``python -m <module> --child JSON``, see :func:`_run_child`):
-    ``child(config)`` with everything it prints sent to stderr."""
-    p = argparse.ArgumentParser(prog=f"python -m {module}", description=f"the {suite} suite's measuring process "
-                                f"(run `python -m bench {suite}` instead)")
-    p.add_argument("--child", required=True, metavar="JSON", help="what to measure (JSON)")
-    args = p.parse_args(argv)
-    sys.stdout = sys.stderr          # JAX's warnings and our progress: never mixed into the parent's report
-    child(json.loads(args.child))
-    return 0
-
-
 def main(argv=None) -> int:
-    return child_main("bench.loop_suite", SUITE, _child, argv)
+    return child_main(MODULE, SUITE, _child, argv)
 
 
 if __name__ == "__main__":

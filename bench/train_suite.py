@@ -69,7 +69,7 @@ in-memory loop's, both over whole ``train()`` calls.
 As in the loop suite, each device count is measured in its own process
 (``python -m bench.train_suite --child``; ``XLA_FLAGS`` sets the number of CPU
 devices, no persistent compilation cache; see
-:func:`bench.loop_suite._run_child`) and the batch is global (16 examples per
+:func:`bench.children.run_child`) and the batch is global (16 examples per
 device on 8). Before timing, the estimator's first ``train`` call (K steps:
 compilation) runs, and every pipeline's first K losses must agree with the
 others' (the estimator's logged loss at step K with compile_loop's; all
@@ -99,7 +99,7 @@ from collections.abc import Sequence
 
 from bench import datasets
 from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log
-from bench.loop_suite import _run_child, child_main
+from bench.children import child_main, run_child
 
 __all__ = ["run", "default_steps", "figure_names", "timing_names", "ratio_targets", "group_name", "cl_name",
            "mem_name", "steady", "DEVICES", "BATCH", "ITERATIONS", "STEPS", "QUICK_STEPS", "WORKERS", "SLOTS", "EST",
@@ -581,8 +581,8 @@ def run(devices: Sequence[int] = DEVICES, *, quick: bool = False, repeats: int |
                      f"epoch (num_epochs=None), {how}: {ds.path}")
         for d in devices:
             log(f"train: measuring on {d} CPU device{'s' if d > 1 else ''} in a new process ...")
-            child = _run_child({"devices": d, "k": k, "steps": steps, "repeats": repeats, "data": ds.path},
-                               timeout, module="bench.train_suite", suite=SUITE)
+            child = run_child({"devices": d, "k": k, "steps": steps, "repeats": repeats, "data": ds.path},
+                              timeout, module="bench.train_suite", suite=SUITE)
             result.params.update(jax=child["jax"], optax=child["optax"], platform=child["platform"],
                                  keras=(child["keras"] or {}).get("version"))
             for key in ("first_call_s", "compile_and_check_s"):

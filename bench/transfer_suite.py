@@ -32,7 +32,8 @@ import sys
 import time
 
 from bench.harness import Case, Measurement, Ratio, SuiteResult, interleave, log
-from bench.loop_suite import _add_group, _measure_model, _run_child, child_main, default_steps
+from bench.children import child_main, run_child
+from bench.loop_suite import _add_group, _measure_model, default_steps
 
 __all__ = ["run", "PINNED", "PAGEABLE", "TO_HOST", "DEVICE_COPY", "TRANSFER_MB", "MODELS"]
 
@@ -123,9 +124,9 @@ def run(*, quick: bool = False, repeats: int | None = None, transfer_mb: float =
                          params={"repeats": repeats, "warmup": 1, "nbytes": nbytes, "models": list(models)})
     started = time.perf_counter()
     log("transfer: measuring on JAX's default device in a new process ...")
-    child = _run_child({"devices": None, "nbytes": nbytes, "repeats": repeats, "models": list(models),
-                        "steps": {m: default_steps(m, 1, quick) for m in models}, "ttfs_samples": 1 if quick else 3,
-                        "allow_cpu": allow_cpu}, timeout, module="bench.transfer_suite", suite=SUITE)
+    child = run_child({"devices": None, "nbytes": nbytes, "repeats": repeats, "models": list(models),
+                       "steps": {m: default_steps(m, 1, quick) for m in models}, "ttfs_samples": 1 if quick else 3,
+                       "allow_cpu": allow_cpu}, timeout, module="bench.transfer_suite", suite=SUITE)
     result.params.update(jax=child["jax"], backend=child["backend"], devices=child["devices"])
     if "transfers" not in child:
         result.notes.append(SKIPPED)

@@ -158,4 +158,5 @@ def segment_plan(layout_bytes: int, meta_bytes: int, slots: int, slot_size: int,
     error = align(workers + max_workers * WORKER.itemsize)
     page = os.sysconf("SC_PAGE_SIZE")
     data = align(error + ERROR.itemsize, page)
-    return SegmentPlan(HEADER_SIZE, meta, semaphores, table, workers, error, data, align(data + slots * slot_size, page))
+    total = align(data + slots * slot_size, page)
+    return SegmentPlan(HEADER_SIZE, meta, semaphores, table, workers, error, data, total)

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from bench import __main__ as bench_main
+from bench import children
 from bench import loop_suite as suite
 
 
@@ -66,7 +67,7 @@ def test_loop_suite_on_eight_devices_tiny_model_with_every_variant(tmp_path, cap
 def test_child_env_sets_one_device_count(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/tmp/somewhere")
-    env = suite._child_env(1)
+    env = children.child_env(1)
     assert env["XLA_FLAGS"].split() == ["--xla_cpu_foo=1", "--xla_force_host_platform_device_count=1"]
     assert env["JAX_PLATFORMS"] == "cpu" and "JAX_COMPILATION_CACHE_DIR" not in env
 

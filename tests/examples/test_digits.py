@@ -1,4 +1,5 @@
-"""examples/digits.py (`make demo`'s main job), on fewer steps: scikit-learn's digits through TFRecords, the daemon and the Estimator."""
+"""examples/digits.py (`make demo`'s main job), on fewer steps: scikit-learn's digits through TFRecords, the daemon
+and the Estimator."""
 
 import re
 
