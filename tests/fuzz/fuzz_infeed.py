@@ -1,7 +1,7 @@
 """Coverage-guided fuzzing of infeed's decoder, spec parser and TFRecord reader, with atheris.
 
 Not collected by pytest (no ``test_`` prefix); the bounded fuzzing that runs in
-the normal suite is tests/infeed/test_fuzz.py.  Run from the project root,
+the normal suite is tests/infeed/example/test_fuzz.py.  Run from the project root,
 with the extensions built::
 
     pip install atheris
@@ -18,7 +18,7 @@ The first byte of an input picks the target, the second a parameter (spec,
 buffer size, skip_corrupt), the rest is the payload:
 
 * 0: ``infeed.decode_example`` against the pure-Python reference
-  (tests/infeed/reference.py), which atheris instruments: its coverage steers
+  (tests/infeed/example/reference.py), which atheris instruments: its coverage steers
   the fuzzer through the wire format, the Cython code being opaque to it.
 * 1: ``ExampleParser.parse`` with one of a few specs, the payload between good
   records and canary rows, against the reference parser.
@@ -47,7 +47,7 @@ except ImportError:
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "infeed"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "infeed", "example"))
 
 with atheris.instrument_imports(include=["reference", "infeed"]):
     import numpy as np

@@ -1,4 +1,4 @@
-"""The reference decoder (tests/infeed/reference.py) checked against google.protobuf itself.
+"""The reference decoder (tests/infeed/example/reference.py) checked against google.protobuf itself.
 
 The differential tests trust the reference; this keeps the reference honest
 on what protobuf implementations agree about: merging of split messages, map

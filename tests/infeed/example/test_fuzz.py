@@ -1,7 +1,7 @@
 """Bounded fuzzing in the normal suite: damaged records and files against the reference and the contracts.
 
 Every loop is seeded, so a failure reproduces; the message shows the input
-as a bytes literal.  ``INFEED_FUZZ_SCALE=10 pytest tests/infeed/test_fuzz.py``
+as a bytes literal.  ``INFEED_FUZZ_SCALE=10 pytest tests/infeed/example/test_fuzz.py``
 runs ten times as many inputs.  The long-running harness is
 tests/fuzz/fuzz_infeed.py (atheris).
 """

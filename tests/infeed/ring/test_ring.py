@@ -22,7 +22,7 @@ from infeed.ring.layout import ERROR_PAYLOAD, layout_of
 from infeed.ring.processes import watch_processes
 from infeed.ring.segments import SHM_DIR
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC = {"x": FixedLen((3,), "float32"), "label": FixedLen((), "int64"),
         "tokens": VarLen("int32", max_len=5), "raw": Bytes(max_bytes=7)}
 CTX = multiprocessing.get_context("spawn")

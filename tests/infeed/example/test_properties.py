@@ -1,8 +1,8 @@
-"""Property tests: the Cython decoder, spec parser, TFRecord framing and CRC32C against tests/infeed/reference.py.
+"""Property tests: the Cython decoder, spec parser, TFRecord framing and CRC32C against tests/infeed/example/reference.py.
 
 Hypothesis runs a bounded number of examples by default (profile
 ``infeed-quick``); ``INFEED_HYPOTHESIS_PROFILE=infeed-long pytest
-tests/infeed/test_properties.py`` runs many more.
+tests/infeed/example/test_properties.py`` runs many more.
 """
 
 import io

@@ -13,7 +13,7 @@ import pytest
 import infeed
 from infeed.commands.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -1,0 +1,93 @@
+"""The tree's layers hold: each package and each of infeed's sub-packages imports only the ones below it.
+
+    estimator  ->  xla_runtime, infeed          (xla_runtime and infeed never import each other or estimator)
+    infeed:  commands -> daemon -> ring -> example -> tfrecord -> errors
+
+Read from the sources' import statements (lazy imports inside functions included), so a cycle or an
+import against the flow fails here, before it is a tangle.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: infeed's parts from the bottom up: a part may import itself and those before it.
+INFEED_LAYERS = ["errors", "tfrecord", "example", "ring", "daemon", "commands"]
+#: What each package may import of the project.
+PACKAGES = {"infeed": {"infeed"}, "xla_runtime": {"xla_runtime"}, "estimator": {"estimator", "infeed", "xla_runtime"}}
+
+
+#: Cython's imports and cimports (its sources are not Python's syntax).
+_CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+([\w, ]+)|c?import\s+([\w.]+))", re.M)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of ``path``, relative ones resolved."""
+    if path.suffix == ".pyx":
+        text = path.read_text()
+        out = []
+        for m in _CYTHON_IMPORT.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            if m.group(1):
+                out.append((line, m.group(1)))
+                out += [(line, f"{m.group(1)}.{name.strip()}") for name in m.group(2).split(",")]
+            else:
+                out.append((line, m.group(3)))
+        return out
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            out.append((node.lineno, base))
+            out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]   # `from infeed import ring`
+    return out
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted(p for p in (ROOT / package).rglob("*") if p.suffix in (".py", ".pyx") and p.is_file())
+
+
+def _infeed_part(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "infeed" or len(parts) < 2 or parts[1] not in INFEED_LAYERS:
+        return None
+    return parts[1]
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_packages_import_only_the_packages_below_them(package):
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+             for path in _sources(package) for line, module in _imports(path)
+             if module.split(".")[0] in PACKAGES and module.split(".")[0] not in PACKAGES[package]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_infeed_sub_packages_import_only_downwards():
+    wrong = []
+    for path in _sources("infeed"):
+        here = path.relative_to(ROOT / "infeed").parts[0].removesuffix(".py").removesuffix(".pyx")
+        if here not in INFEED_LAYERS:
+            continue                                   # __init__.py, __main__.py, _native.py: the package's face
+        for line, module in _imports(path):
+            there = _infeed_part(module)
+            if there is not None and INFEED_LAYERS.index(there) > INFEED_LAYERS.index(here):
+                wrong.append(f"infeed/{path.relative_to(ROOT / 'infeed')}:{line} imports {module} "
+                             f"({there} is above {here})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_three_packages_are_installed():
+    """bench/ and examples/ run from a checkout: "bench" is no name to take in the user's site-packages."""
+    include = re.search(r"find_packages\(include=\[([^\]]*)\]", (ROOT / "setup.py").read_text()).group(1)
+    assert {name.strip().strip('"') for name in include.split(",")} == {
+        "infeed", "infeed.*", "xla_runtime", "xla_runtime.*", "estimator", "estimator.*"}
