@@ -79,7 +79,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint._src.path import atomicity_defaults
 
-__all__ = ["CheckpointSaveError", "Checkpoints", "CorruptCheckpointError", "warm_start"]
+from estimator.errors import (CheckpointMismatchError, CheckpointSaveError, CorruptCheckpointError,
+                              InvalidArgumentError, NoCheckpointError)
+
+__all__ = ["Checkpoints", "warm_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,25 +94,6 @@ _STEP = re.compile(r"(0|[1-9][0-9]*)")
 _LEFTOVER = re.compile(r"(0|[1-9][0-9]*)\.orbax-checkpoint-tmp(-[0-9]+)?|\.(0|[1-9][0-9]*)\.deleting")
 
 
-class CorruptCheckpointError(ValueError):
-    """A checkpoint file differs from what was written: ``path`` (the file), ``checkpoint`` (its step's
-    directory) and ``reason`` (what differs)."""
-
-    def __init__(self, checkpoint: str, path: str, reason: str):
-        super().__init__(f"checkpoint {checkpoint} is damaged: {path}: {reason}; nothing was restored (delete "
-                         f"{checkpoint} to go on from an older checkpoint)")
-        self.checkpoint, self.path, self.reason = checkpoint, path, reason
-
-
-class CheckpointSaveError(OSError):
-    """Saving checkpoint ``step`` into ``path`` failed (the cause is chained); the checkpoints saved
-    before it are intact."""
-
-    def __init__(self, step: int, path: str, cause: BaseException):
-        super().__init__(f"saving checkpoint {step} to {path} failed: {type(cause).__name__}: {cause}")
-        self.step, self.path = step, path
-
-
 class Checkpoints:
     """The checkpoints in ``directory``: save, list, restore (a context manager that closes them).
 
@@ -119,7 +103,7 @@ class Checkpoints:
 
     def __init__(self, directory, keep: int | None = 5, async_save: bool = True):
         if keep is not None and (not isinstance(keep, int) or keep < 1):
-            raise ValueError(f"keep must be a positive int or None, got {keep!r}")
+            raise InvalidArgumentError(f"keep must be a positive int or None, got {keep!r}")
         directory = os.fspath(directory)
         self.directory = directory if "://" in directory else os.path.abspath(directory)   # orbax needs absolute
         self.keep, self._async = keep, async_save
@@ -146,7 +130,8 @@ class Checkpoints:
         """
         step, extras = int(step), {} if extras is None else extras
         if json.loads(json.dumps(extras, allow_nan=False)) != extras:
-            raise ValueError(f"extras must round-trip through JSON unchanged (str keys, lists, no tuples): {extras!r}")
+            raise InvalidArgumentError(f"extras must round-trip through JSON unchanged (str keys, lists, no tuples): "
+                                       f"{extras!r}")
         if step == self._pending and not force:
             logger.info("checkpoint %d is being written to %s: not saved again", step, self.directory)
             return
@@ -202,7 +187,7 @@ class Checkpoints:
         ``target`` is a pytree like the saved state whose leaves are arrays or
         ``jax.ShapeDtypeStruct`` with a ``sharding``: each array is restored with
         that sharding (and cast to that dtype). A target whose key paths or
-        shapes differ from the checkpoint's raises ``ValueError`` naming them; a
+        shapes differ from the checkpoint's raises :class:`CheckpointMismatchError` naming them; a
         damaged file raises :class:`CorruptCheckpointError` naming it (``verify=False``: read unchecked,
         for checkpoints written before the digest manifest).
         Only complete checkpoints are read: :meth:`wait` first for a save in flight.
@@ -358,7 +343,7 @@ class Checkpoints:
             return steps[-1]
         if step is not None and int(step) in steps:
             return int(step)
-        raise FileNotFoundError(f"no complete checkpoint {'' if step is None else f'{step} '}in {self.directory} "
+        raise NoCheckpointError(f"no complete checkpoint {'' if step is None else f'{step} '}in {self.directory} "
                                 f"(complete steps: {steps})")
 
 
@@ -484,13 +469,13 @@ def warm_start(source: str, target, include: str | Sequence[str] | None = None, 
     takes the checkpoint's value at the same path if its shape and dtype are
     the same, placed with the target leaf's sharding; every other leaf keeps
     the target's value. What was taken, skipped and missing is logged; nothing
-    taken is a ``ValueError``.
+    taken is a :class:`CheckpointMismatchError` (a ``ValueError``).
     """
     from estimator.export import is_export, read_exported_variables
 
     path = epath.Path(source)
     if not path.exists():
-        raise FileNotFoundError(f"warm-start source {source} does not exist")
+        raise NoCheckpointError(f"warm-start source {source} does not exist")
     if is_export(source):
         saved = _by_path(read_exported_variables(source))
     else:
@@ -520,8 +505,9 @@ def warm_start(source: str, target, include: str | Sequence[str] | None = None, 
 
     result = jax.tree_util.tree_map_with_path(take, target)
     if not taken:
-        raise ValueError(f"warm start from {source}: no variable matched include={include!r} with the same shape "
-                         f"and dtype (mismatched: {mismatched or 'none'}; not in the checkpoint: {missing or 'none'})")
+        raise CheckpointMismatchError(f"warm start from {source}: no variable matched include={include!r} with the "
+                                      f"same shape and dtype (mismatched: {mismatched or 'none'}; not in the "
+                                      f"checkpoint: {missing or 'none'})")
     logger.info("warm-started %d variables from %s: %s", len(taken), source, ", ".join(taken))
     if mismatched:
         logger.warning("warm start from %s skipped (shape or dtype differ): %s", source, ", ".join(mismatched))
@@ -556,7 +542,7 @@ def _stored_shape(leaf) -> tuple[int, ...]:
 
 
 def _check_matches(target, saved, what: str) -> None:
-    """Raises ValueError naming every key path missing, unexpected or of another shape."""
+    """Raises CheckpointMismatchError naming every key path missing, unexpected or of another shape."""
     want = {_path_names(p): (jax.tree_util.keystr(p), leaf)
             for p, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
     have = {_path_names(p): (jax.tree_util.keystr(p), leaf)
@@ -570,4 +556,4 @@ def _check_matches(target, saved, what: str) -> None:
                   for k, (name, leaf) in want.items() if k in have and tuple(have[k][1].shape) != _stored_shape(leaf)]:
         problems.append(f"shapes differ: {', '.join(shapes)}")
     if problems:
-        raise ValueError(f"{what} does not match the restore target: " + "; ".join(problems))
+        raise CheckpointMismatchError(f"{what} does not match the restore target: " + "; ".join(problems))

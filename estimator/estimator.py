@@ -31,6 +31,8 @@ import xla_runtime as xr
 from estimator import metrics as metrics_lib
 from estimator.checkpoints import Checkpoints, warm_start
 from estimator.config import RunConfig
+from estimator.errors import (ArgumentTypeError, CheckpointMismatchError, InputError, InvalidArgumentError,
+                              ModelFnError, NoCheckpointError, NonFiniteError, StepRngError)
 from estimator.export import export_model
 from estimator.inputs import Input, fetch, gather_json, local_part, split_batch
 from estimator.progress import StepLogger, batch_bar
@@ -47,7 +49,7 @@ def step_rng() -> jax.Array:
     """A PRNG key for this training step (dropout and the like), inside ``model_fn`` in TRAIN mode."""
     key = _rng.get()
     if key is None:
-        raise RuntimeError("step_rng() is available inside model_fn while training")
+        raise StepRngError("step_rng() is available inside model_fn while training")
     return key
 
 
@@ -96,9 +98,9 @@ class Estimator:
                  eval_batch_size: int | None = None, predict_batch_size: int | None = None,
                  warm_start_from: str | None = None, warm_start_include: str | None = None):
         if not callable(model_fn) or not callable(init_fn):
-            raise TypeError("model_fn and init_fn must be functions")
+            raise ArgumentTypeError("model_fn and init_fn must be functions")
         if not isinstance(config, RunConfig):
-            raise TypeError(f"config must be an estimator.RunConfig, got {type(config).__name__}")
+            raise ArgumentTypeError(f"config must be an estimator.RunConfig, got {type(config).__name__}")
         if config.distributed and not jax.distributed.is_initialized():
             jax.distributed.initialize(config.coordinator_address, config.num_processes, config.process_id)
         self.model_fn, self.init_fn, self.optimizer, self.config = model_fn, init_fn, optimizer, config
@@ -110,8 +112,9 @@ class Estimator:
         for mode, size in self.batch_sizes.items():
             if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1 or size % data
                                      or size % jax.process_count()):
-                raise ValueError(f"the {mode} batch size must be a positive multiple of the mesh's data axis "
-                                 f"({data} devices) and of the number of hosts ({jax.process_count()}), got {size!r}")
+                raise InvalidArgumentError(f"the {mode} batch size must be a positive multiple of the mesh's data axis "
+                                           f"({data} devices) and of the number of hosts ({jax.process_count()}), "
+                                           f"got {size!r}")
         self.warm_start_from, self.warm_start_include = warm_start_from, warm_start_include
         os.makedirs(config.model_dir, exist_ok=True)
         self.checkpoints = Checkpoints(os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoint_max)
@@ -126,8 +129,8 @@ class Estimator:
     def _host_batch(self, mode: str) -> int:
         size = self.batch_sizes[mode]
         if size is None:
-            raise ValueError(f"set {mode}_batch_size to {mode}" if mode != ModeKeys.PREDICT else
-                             "set predict_batch_size (or eval/train batch size) to predict")
+            raise InvalidArgumentError(f"set {mode}_batch_size to {mode}" if mode != ModeKeys.PREDICT else
+                                       "set predict_batch_size (or eval/train batch size) to predict")
         return size // jax.process_count()
 
     def _input(self, input_fn, mode: str, steps: int, state: dict | None = None, reuse: Input | None = None) -> Input:
@@ -170,7 +173,7 @@ class Estimator:
     def _spec(self, variables, features, labels, mode) -> EstimatorSpec:
         spec = self.model_fn(variables, features, labels, mode, dict(self.params, batch_size=self._host_batch(mode)))
         if not isinstance(spec, EstimatorSpec):
-            raise TypeError(f"model_fn must return an estimator.EstimatorSpec, got {type(spec).__name__}")
+            raise ModelFnError(f"model_fn must return an estimator.EstimatorSpec, got {type(spec).__name__}")
         return spec
 
     def _init_features(self, first_batch: dict, labels):
@@ -230,7 +233,7 @@ class Estimator:
                 with _rng_for(key):
                     spec = self._spec(rebuild(p, None), features, batch_labels, ModeKeys.TRAIN)
                 if spec.loss is None:
-                    raise ValueError("model_fn must return a loss in TRAIN mode")
+                    raise ModelFnError("model_fn must return a loss in TRAIN mode")
                 loss = jnp.mean(spec.loss)            # a scalar, or per-example losses [B]
                 if spec.host_call is not None:
                     self._host_call_fn = spec.host_call[0]       # seen while tracing; called after each loop
@@ -265,9 +268,9 @@ class Estimator:
         it too, and the next call resumes from the latest checkpoint.
         """
         if (steps is None) == (max_steps is None):
-            raise ValueError("train needs exactly one of steps and max_steps")
+            raise InvalidArgumentError("train needs exactly one of steps and max_steps")
         if self.optimizer is None:
-            raise ValueError("this Estimator has no optimizer: it cannot train")
+            raise InvalidArgumentError("this Estimator has no optimizer: it cannot train")
         cfg, k = self.config, self.config.iterations_per_loop
         start = (self.checkpoints.latest_step() or 0) if self._state is None else int(self._state["step"])
         target = max_steps if max_steps is not None else start + steps
@@ -309,7 +312,7 @@ class Estimator:
                 if step >= target:
                     break
             if loop is None:
-                raise ValueError("input_fn gave no batch to train on")
+                raise InputError("input_fn gave no batch to train on")
             self._state, self._input_state = state, input_state
             if step < target:
                 _log.warning("the input ended at step %d, before step %d", step, target)
@@ -329,7 +332,7 @@ class Estimator:
         return self
 
     def _check_finite(self, state, step: int) -> None:
-        """Raises FloatingPointError if a float leaf of the train state about to be checkpointed holds
+        """Raises NonFiniteError if a float leaf of the train state about to be checkpointed holds
         a NaN or Inf (the loss, computed before each update, cannot show the last step's update)."""
         leaves = [(path, x) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
                   if jnp.issubdtype(x.dtype, jnp.inexact)]
@@ -338,7 +341,7 @@ class Estimator:
             return
         self.checkpoints.wait()
         latest = self.checkpoints.latest_step()
-        raise FloatingPointError(
+        raise NonFiniteError(
             f"the train state's {jax.tree_util.keystr(leaves[int(np.flatnonzero(~finite)[0])][0])} holds NaN or Inf "
             f"after step {step} (the loss was finite up to it); training stopped and this state was not saved: the "
             f"last checkpoint is {'step %d' % latest if latest is not None else 'none'} "
@@ -349,12 +352,12 @@ class Estimator:
         saved = self.checkpoints.extras().get("input")
         if not isinstance(saved, list):
             if jax.process_count() > 1 and saved is not None:
-                raise ValueError(f"{self.checkpoints.latest_path()} was written by one process; this run has "
-                                 f"{jax.process_count()}: the input cannot resume where it stood")
+                raise CheckpointMismatchError(f"{self.checkpoints.latest_path()} was written by one process; this run "
+                                              f"has {jax.process_count()}: the input cannot resume where it stood")
             return saved
         if len(saved) != jax.process_count():
-            raise ValueError(f"{self.checkpoints.latest_path()} was written by {len(saved)} processes; this run has "
-                             f"{jax.process_count()}: the input cannot resume where it stood")
+            raise CheckpointMismatchError(f"{self.checkpoints.latest_path()} was written by {len(saved)} processes; "
+                                          f"this run has {jax.process_count()}: the input cannot resume where it stood")
         return saved[jax.process_index()]
 
     def _checkpoint_due(self, steps_since: int, seconds_since: float) -> bool:
@@ -376,7 +379,7 @@ class Estimator:
             bad = int(np.flatnonzero(~np.isfinite(losses))[0])
             self.checkpoints.wait()
             latest = self.checkpoints.latest_step()
-            raise FloatingPointError(
+            raise NonFiniteError(
                 f"the loss is {losses[bad]} at step {first + bad + 1} (in the loop of steps {first + 1}..{first + n}); "
                 f"training stopped and this loop's state was not saved: the last checkpoint is "
                 f"{'step %d' % latest if latest is not None else 'none'} (RunConfig(stop_on_nan=False) trains on)")
@@ -399,7 +402,7 @@ class Estimator:
         if self._state is not None:
             return self._state["variables"]
         if self.checkpoints.latest_step() is None:
-            raise ValueError(f"no checkpoint in {self.config.model_dir} and nothing trained: train first")
+            raise NoCheckpointError(f"no checkpoint in {self.config.model_dir} and nothing trained: train first")
         return None
 
     def _loop(self, mode: str, labels, make_step) -> xr.CompiledLoop:
@@ -471,7 +474,7 @@ class Estimator:
                 if steps is not None and done >= steps:
                     break
         if totals is None:
-            raise ValueError("input_fn gave no batch to evaluate")
+            raise InputError("input_fn gave no batch to evaluate")
         result = {"global_step": self.global_step(), "examples": int(round(totals["examples"]))}
         if "loss" in totals:
             result["loss"] = totals["loss"].result()
@@ -496,7 +499,7 @@ class Estimator:
             features, _, mask = split_batch(batch, labels)
             spec = self._spec(variables, features, None, ModeKeys.PREDICT)
             if not isinstance(spec.predictions, dict):
-                raise ValueError("model_fn must return predictions as a dict in PREDICT mode")
+                raise ModelFnError("model_fn must return predictions as a dict in PREDICT mode")
             by_example = jax.sharding.NamedSharding(self.mesh, xr.P("data"))    # each process reads its own rows
             return variables, jax.lax.with_sharding_constraint({"predictions": spec.predictions, "mask": mask},
                                                                by_example)
@@ -546,7 +549,7 @@ class Estimator:
         def predict_fn(variables, features):
             spec = self.model_fn(variables, features, None, ModeKeys.PREDICT, params)
             if not isinstance(spec, EstimatorSpec) or not isinstance(spec.predictions, dict):
-                raise ValueError("model_fn must return an EstimatorSpec with a dict of predictions in PREDICT mode")
+                raise ModelFnError("model_fn must return an EstimatorSpec with a dict of predictions in PREDICT mode")
             return spec.predictions
 
         path = os.path.join(os.fspath(export_dir), str(self.global_step()))
@@ -569,6 +572,6 @@ class Estimator:
     def get_variables(self):
         """The latest checkpoint's variables, as a pytree of numpy arrays."""
         if self.checkpoints.latest_step() is None:
-            raise ValueError(f"no checkpoint in {self.config.model_dir}")
+            raise NoCheckpointError(f"no checkpoint in {self.config.model_dir}")
         state, _ = self.checkpoints.restore_numpy()
         return state["variables"]

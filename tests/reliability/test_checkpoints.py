@@ -21,7 +21,8 @@ import pytest
 
 import estimator as est
 import xla_runtime
-from estimator.checkpoints import MANIFEST, CheckpointSaveError, Checkpoints, CorruptCheckpointError, warm_start
+from estimator.checkpoints import MANIFEST, Checkpoints, warm_start
+from estimator.errors import CheckpointSaveError, CorruptCheckpointError
 from orbax.checkpoint._src.path import async_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,7 +234,8 @@ def test_a_failed_async_save_is_raised_in_the_trainer_naming_the_step_and_direct
 _FAILING_DIRECTORY = """
 import json, os, subprocess, sys
 import numpy as np, jax.numpy as jnp
-from estimator.checkpoints import Checkpoints, CheckpointSaveError
+from estimator.checkpoints import Checkpoints
+from estimator.errors import CheckpointSaveError
 directory, failure = sys.argv[1], sys.argv[2]
 if failure == "disk full":      # a 2 MiB file system, in this process's own mount namespace
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", directory], check=True)

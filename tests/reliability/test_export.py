@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from estimator.checkpoints import warm_start
-from estimator.export import CorruptExportError, TensorSpec, export_model, load_exported
+from estimator.errors import CorruptExportError
+from estimator.export import TensorSpec, export_model, load_exported
 
 ROOT = Path(__file__).resolve().parents[2]
 
