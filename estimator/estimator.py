@@ -29,7 +29,7 @@ import optax
 
 import xla_runtime as xr
 from estimator import metrics as metrics_lib
-from estimator.checkpoints import Checkpoints, warm_start
+from estimator.checkpoints import Checkpoints
 from estimator.config import RunConfig
 from estimator.errors import (ArgumentTypeError, CheckpointMismatchError, InputError, InvalidArgumentError,
                               ModelFnError, NoCheckpointError, NonFiniteError, StepRngError)
@@ -38,6 +38,7 @@ from estimator.inputs import Input, fetch, gather_json, local_part, split_batch
 from estimator.progress import StepLogger, batch_bar
 from estimator.spec import EstimatorSpec, ModeKeys
 from estimator.summaries import SummaryWriter
+from estimator.warm_start import warm_start
 
 __all__ = ["Estimator", "step_rng"]
 

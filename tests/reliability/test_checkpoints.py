@@ -21,8 +21,10 @@ import pytest
 
 import estimator as est
 import xla_runtime
-from estimator.checkpoints import MANIFEST, Checkpoints, warm_start
+from estimator.checkpoint_manifest import MANIFEST
+from estimator.checkpoints import Checkpoints
 from estimator.errors import CheckpointSaveError, CorruptCheckpointError
+from estimator.warm_start import warm_start
 from orbax.checkpoint._src.path import async_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,12 +45,12 @@ directory, kill_at = sys.argv[1], sys.argv[2]
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
 if kill_at == "manifest written":             # the manifest is in the temporary directory, orbax has not committed
-    write = checkpoints._write_manifest
-    def _write_manifest(path, step):
+    write = checkpoints.write_manifest
+    def write_manifest(path, step):
         write(path, step)
         if step == 3 * EVERY:
             die()
-    checkpoints._write_manifest = _write_manifest
+    checkpoints.write_manifest = write_manifest
 elif kill_at == "before the rename":          # every file written, commit_success.txt too: only the rename is left
     rename = async_path.rename
     async def renamed(src, dst):
