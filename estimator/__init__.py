@@ -11,9 +11,10 @@ from estimator.errors import (ArgumentTypeError, CheckpointMismatchError, Checkp
                               CorruptExportError, CorruptSummaryError, EstimatorError, ExportExistsError, InputError,
                               InvalidArgumentError, MissingDependencyError, ModelFnError, NoCheckpointError,
                               NonFiniteError, NotAnExportError, StepRngError)
-from estimator.estimator import Estimator, step_rng
+from estimator.estimator import Estimator
 from estimator.export import LoadedModel, TensorSpec, load_exported
 from estimator.spec import EstimatorSpec, ModeKeys
+from estimator.steps import step_rng
 from estimator.training import EvalSpec, TrainSpec, train_and_evaluate
 from xla_runtime import host_call as outside_compilation
 
