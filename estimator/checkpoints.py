@@ -300,6 +300,7 @@ class Checkpoints:
         logger.info("deleted old checkpoint %s", path)
 
     def _verify(self, step: int, items: tuple[str, ...]) -> None:
+        """Checks the files of ``items`` in checkpoint ``step`` against its digest manifest."""
         verify_manifest(epath.Path(self.directory) / str(step), step, items)
 
     def _restore(self, step: int, target):

@@ -89,6 +89,7 @@ class TrainBookkeeping:
             self._saved_step, self._saved_time = step, time.monotonic()
 
     def close(self) -> None:
+        """Closes the log's progress bar and the summary writer."""
         self.logger.close()
         self.writer.close()
 
