@@ -16,11 +16,9 @@ from estimator.export import LoadedModel, TensorSpec, load_exported
 from estimator.spec import EstimatorSpec, ModeKeys
 from estimator.steps import step_rng
 from estimator.training import EvalSpec, TrainSpec, train_and_evaluate
-from xla_runtime import host_call as outside_compilation
 
 __all__ = ["ArgumentTypeError", "CheckpointMismatchError", "CheckpointSaveError", "CorruptCheckpointError",
            "CorruptExportError", "CorruptSummaryError", "Estimator", "EstimatorError", "EstimatorSpec", "EvalSpec",
            "ExportExistsError", "InputError", "InvalidArgumentError", "LoadedModel", "MissingDependencyError",
            "ModeKeys", "ModelFnError", "NoCheckpointError", "NonFiniteError", "NotAnExportError", "RunConfig",
-           "StepRngError", "TensorSpec", "TrainSpec", "load_exported", "metrics", "outside_compilation", "step_rng",
-           "train_and_evaluate"]
+           "StepRngError", "TensorSpec", "TrainSpec", "load_exported", "metrics", "step_rng", "train_and_evaluate"]
