@@ -6,14 +6,19 @@
 """
 
 from estimator import metrics
-from estimator.checkpoints import CheckpointSaveError, CorruptCheckpointError
 from estimator.config import RunConfig
-from estimator.estimator import Estimator, step_rng
-from estimator.export import CorruptExportError, LoadedModel, TensorSpec, load_exported
+from estimator.errors import (ArgumentTypeError, CheckpointMismatchError, CheckpointSaveError, CorruptCheckpointError,
+                              CorruptExportError, CorruptSummaryError, EstimatorError, ExportExistsError, InputError,
+                              InvalidArgumentError, MissingDependencyError, ModelFnError, NoCheckpointError,
+                              NonFiniteError, NotAnExportError, StepRngError)
+from estimator.estimator import Estimator
+from estimator.export import LoadedModel, TensorSpec, load_exported
 from estimator.spec import EstimatorSpec, ModeKeys
+from estimator.steps import step_rng
 from estimator.training import EvalSpec, TrainSpec, train_and_evaluate
-from xla_runtime import host_call as outside_compilation
 
-__all__ = ["CheckpointSaveError", "CorruptCheckpointError", "CorruptExportError", "Estimator", "EstimatorSpec",
-           "EvalSpec", "LoadedModel", "ModeKeys", "RunConfig", "TensorSpec", "TrainSpec", "load_exported", "metrics",
-           "outside_compilation", "step_rng", "train_and_evaluate"]
+__all__ = ["ArgumentTypeError", "CheckpointMismatchError", "CheckpointSaveError", "CorruptCheckpointError",
+           "CorruptExportError", "CorruptSummaryError", "Estimator", "EstimatorError", "EstimatorSpec", "EvalSpec",
+           "ExportExistsError", "InputError", "InvalidArgumentError", "LoadedModel", "MissingDependencyError",
+           "ModeKeys", "ModelFnError", "NoCheckpointError", "NonFiniteError", "NotAnExportError", "RunConfig",
+           "StepRngError", "TensorSpec", "TrainSpec", "load_exported", "metrics", "step_rng", "train_and_evaluate"]

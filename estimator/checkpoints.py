@@ -18,17 +18,18 @@ Nothing is pickled.
 renames it to ``<step>`` once every file is written (on object stores without
 an atomic rename it writes ``commit_success.txt`` last instead). Just before
 that, the digest manifest ``estimator_digests.json`` (each file's size and
-SHA-256) is written into the same directory, so it appears with the
-checkpoint. A save cut short (the process killed at any point) leaves only the
-temporary directory: :meth:`Checkpoints.all_steps` and
-:meth:`Checkpoints.latest_step` list complete checkpoints only, and the first
-``save`` of the next run removes what a killed save left behind.
+SHA-256; :mod:`estimator.checkpoint_manifest`) is written into the same
+directory, so it appears with the checkpoint. A save cut short (the process
+killed at any point) leaves only the temporary directory:
+:meth:`Checkpoints.all_steps` and :meth:`Checkpoints.latest_step` list
+complete checkpoints only, and the first ``save`` of the next run removes what
+a killed save left behind.
 
 **Verified.** A restore first checks every file of what it reads against the
 manifest: a damaged, truncated or missing file raises
-:class:`CorruptCheckpointError` naming it, never restores other values than
-were saved. (Checkpoints from before the manifest existed are read with
-``verify=False``.)
+:class:`~estimator.errors.CorruptCheckpointError` naming it, never restores
+other values than were saved. (Checkpoints from before the manifest existed
+are read with ``verify=False``.)
 
 **The last K.** Once a save is complete, the complete checkpoints beyond the
 newest ``keep`` are deleted: only directories named by a step that hold our
@@ -55,22 +56,19 @@ crash between the two loses that step, never older ones).
 **Several processes** (``jax.distributed``): every process calls ``save`` with
 its part of the global arrays and orbax coordinates them (barriers, one
 process writes the metadata and renames); every process calls ``restore``
-with the same target shardings. :func:`warm_start` and
-:meth:`Checkpoints.restore_numpy` read whole arrays on each process.
+with the same target shardings. :meth:`Checkpoints.restore_numpy`
+(and :func:`estimator.warm_start.warm_start`) read whole arrays on each process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 import stat
-from collections.abc import Sequence
 from typing import Self
 
 import jax
@@ -79,35 +77,15 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint._src.path import atomicity_defaults
 
-__all__ = ["CheckpointSaveError", "Checkpoints", "CorruptCheckpointError", "warm_start"]
+from estimator.checkpoint_manifest import COMMIT_FILE, MANIFEST, STEP_METADATA, verify_manifest, write_manifest
+from estimator.errors import CheckpointMismatchError, CheckpointSaveError, InvalidArgumentError, NoCheckpointError
+
+__all__ = ["Checkpoints"]
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "estimator_digests.json"
-_MANIFEST_FORMAT = "estimator.checkpoint-digests"
-_COMMIT_FILE = "commit_success.txt"            # orbax's last file of a complete step or item
-_STEP_METADATA = "_CHECKPOINT_METADATA"         # orbax's step metadata, updated while it finalizes
 _STEP = re.compile(r"(0|[1-9][0-9]*)")
 _LEFTOVER = re.compile(r"(0|[1-9][0-9]*)\.orbax-checkpoint-tmp(-[0-9]+)?|\.(0|[1-9][0-9]*)\.deleting")
-
-
-class CorruptCheckpointError(ValueError):
-    """A checkpoint file differs from what was written: ``path`` (the file), ``checkpoint`` (its step's
-    directory) and ``reason`` (what differs)."""
-
-    def __init__(self, checkpoint: str, path: str, reason: str):
-        super().__init__(f"checkpoint {checkpoint} is damaged: {path}: {reason}; nothing was restored (delete "
-                         f"{checkpoint} to go on from an older checkpoint)")
-        self.checkpoint, self.path, self.reason = checkpoint, path, reason
-
-
-class CheckpointSaveError(OSError):
-    """Saving checkpoint ``step`` into ``path`` failed (the cause is chained); the checkpoints saved
-    before it are intact."""
-
-    def __init__(self, step: int, path: str, cause: BaseException):
-        super().__init__(f"saving checkpoint {step} to {path} failed: {type(cause).__name__}: {cause}")
-        self.step, self.path = step, path
 
 
 class Checkpoints:
@@ -119,7 +97,7 @@ class Checkpoints:
 
     def __init__(self, directory, keep: int | None = 5, async_save: bool = True):
         if keep is not None and (not isinstance(keep, int) or keep < 1):
-            raise ValueError(f"keep must be a positive int or None, got {keep!r}")
+            raise InvalidArgumentError(f"keep must be a positive int or None, got {keep!r}")
         directory = os.fspath(directory)
         self.directory = directory if "://" in directory else os.path.abspath(directory)   # orbax needs absolute
         self.keep, self._async = keep, async_save
@@ -146,7 +124,8 @@ class Checkpoints:
         """
         step, extras = int(step), {} if extras is None else extras
         if json.loads(json.dumps(extras, allow_nan=False)) != extras:
-            raise ValueError(f"extras must round-trip through JSON unchanged (str keys, lists, no tuples): {extras!r}")
+            raise InvalidArgumentError(f"extras must round-trip through JSON unchanged (str keys, lists, no tuples): "
+                                       f"{extras!r}")
         if step == self._pending and not force:
             logger.info("checkpoint %d is being written to %s: not saved again", step, self.directory)
             return
@@ -202,9 +181,9 @@ class Checkpoints:
         ``target`` is a pytree like the saved state whose leaves are arrays or
         ``jax.ShapeDtypeStruct`` with a ``sharding``: each array is restored with
         that sharding (and cast to that dtype). A target whose key paths or
-        shapes differ from the checkpoint's raises ``ValueError`` naming them; a
-        damaged file raises :class:`CorruptCheckpointError` naming it (``verify=False``: read unchecked,
-        for checkpoints written before the digest manifest).
+        shapes differ from the checkpoint's raises :class:`~estimator.errors.CheckpointMismatchError`
+        naming them; a damaged file raises :class:`~estimator.errors.CorruptCheckpointError` naming it
+        (``verify=False``: read unchecked, for checkpoints written before the digest manifest).
         Only complete checkpoints are read: :meth:`wait` first for a save in flight.
         """
         step = self._existing_step(step)
@@ -321,31 +300,8 @@ class Checkpoints:
         logger.info("deleted old checkpoint %s", path)
 
     def _verify(self, step: int, items: tuple[str, ...]) -> None:
-        """Checks the files of ``items`` in checkpoint ``step`` against its manifest."""
-        checkpoint = epath.Path(self.directory) / str(step)
-        manifest_path = checkpoint / MANIFEST
-        if not manifest_path.exists():
-            raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(manifest_path),
-                                         "missing (for a checkpoint written before the manifest existed, "
-                                         "restore with verify=False to read it unchecked)")
-        files = _read_manifest(checkpoint, manifest_path, step)
-        wanted = {name: entry for name, entry in files.items() if name.split("/", 1)[0] in items}
-        if {name.split("/", 1)[0] for name in wanted} != set(items):
-            raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(manifest_path),
-                                         f"does not list the files of {' and '.join(items)}")
-        with concurrent.futures.ThreadPoolExecutor(min(8, len(wanted))) as pool:
-            found = dict(zip(wanted, pool.map(lambda name: _digest(checkpoint / name), wanted)))
-        for name, entry in sorted(wanted.items()):
-            size, digest = found[name]
-            if size is None:
-                reason = "missing"
-            elif size != entry["size"]:
-                reason = f"{size} bytes, {entry['size']} were written"
-            elif digest != entry["sha256"]:
-                reason = f"its SHA-256 is {digest}, {entry['sha256']} was written"
-            else:
-                continue
-            raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(checkpoint / name), reason)
+        """Checks the files of ``items`` in checkpoint ``step`` against its digest manifest."""
+        verify_manifest(epath.Path(self.directory) / str(step), step, items)
 
     def _restore(self, step: int, target):
         restored = self._manager.restore(step, args=ocp.args.Composite(
@@ -358,7 +314,7 @@ class Checkpoints:
             return steps[-1]
         if step is not None and int(step) in steps:
             return int(step)
-        raise FileNotFoundError(f"no complete checkpoint {'' if step is None else f'{step} '}in {self.directory} "
+        raise NoCheckpointError(f"no complete checkpoint {'' if step is None else f'{step} '}in {self.directory} "
                                 f"(complete steps: {steps})")
 
 
@@ -372,72 +328,12 @@ def _committing_path_class(root: epath.Path, on_commit):
             final = self.get_final()
             if final.parent != root:           # an item inside the step's directory: orbax's own commit
                 return await super().finalize(*args, **kwargs)
-            await asyncio.to_thread(_write_manifest, self.get(), int(final.name))
+            await asyncio.to_thread(write_manifest, self.get(), int(final.name))
             result = await super().finalize(*args, **kwargs)
             await asyncio.to_thread(on_commit)
             return result
 
     return CommittingPath
-
-
-def _write_manifest(directory: epath.Path, step: int) -> None:
-    """Writes ``MANIFEST``: the size and SHA-256 of every file under ``directory`` (but orbax's step
-    metadata and commit file, which it writes while committing, and which a restore does not read)."""
-    names = sorted(name for name in _files(directory) if name not in (_STEP_METADATA, _COMMIT_FILE))
-    with concurrent.futures.ThreadPoolExecutor(min(8, max(1, len(names)))) as pool:
-        digests = list(pool.map(lambda name: _digest(directory / name), names))
-    files = {name: {"size": size, "sha256": digest} for name, (size, digest) in zip(names, digests)}
-    body = {"format": _MANIFEST_FORMAT, "version": 1, "step": step, "files": files}
-    document = dict(body, sha256=_json_digest(body))
-    (directory / MANIFEST).write_text(json.dumps(document, indent=1, sort_keys=True))
-
-
-def _files(directory: epath.Path, prefix: str = "") -> list[str]:
-    """The files under ``directory``, as ``/``-separated paths relative to it."""
-    names = []
-    for path in directory.iterdir():
-        if path.is_dir():
-            names += _files(path, f"{prefix}{path.name}/")
-        else:
-            names.append(prefix + path.name)
-    return names
-
-
-def _read_manifest(checkpoint: epath.Path, path: epath.Path, step: int) -> dict:
-    """The ``files`` of checkpoint ``step``'s manifest if its own digest verifies; CorruptCheckpointError otherwise."""
-    try:
-        document = json.loads(path.read_text())
-        body = {k: v for k, v in document.items() if k != "sha256"}
-        ok = document.get("format") == _MANIFEST_FORMAT and document.get("sha256") == _json_digest(body)
-    except (ValueError, AttributeError, UnicodeDecodeError) as e:
-        raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(path), f"not a digest manifest ({e})") from None
-    if not ok:
-        raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(path), "its own digest does not match")
-    if document["step"] != step:
-        raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(path),
-                                     f"it was written for step {document['step']}, not {step}")
-    files = document["files"]
-    for name in files:
-        if name.startswith("/") or ".." in name.split("/"):
-            raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(path), f"lists a file outside it: {name!r}")
-    return files
-
-
-def _json_digest(body: dict) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _digest(path: epath.Path) -> tuple[int | None, str | None]:
-    """(size, SHA-256) of a file; (None, None) when it is missing."""
-    sha, size = hashlib.sha256(), 0
-    try:
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                sha.update(chunk)
-                size += len(chunk)
-    except FileNotFoundError:
-        return None, None
-    return size, sha.hexdigest()
 
 
 def _is_local(path: epath.Path) -> bool:
@@ -457,8 +353,8 @@ def _is_real_directory(path: epath.Path) -> bool:
 def _is_complete(path: epath.Path) -> bool:
     """A committed checkpoint directory: a real directory with orbax's commit file and our manifest
     (or orbax's metadata, for checkpoints from before the manifest)."""
-    return (_is_real_directory(path) and (path / _COMMIT_FILE).exists()
-            and ((path / MANIFEST).exists() or (path / _STEP_METADATA).exists()))
+    return (_is_real_directory(path) and (path / COMMIT_FILE).exists()
+            and ((path / MANIFEST).exists() or (path / STEP_METADATA).exists()))
 
 
 def _rmtree(path: epath.Path) -> None:
@@ -469,67 +365,6 @@ def _rmtree(path: epath.Path) -> None:
         path.rmtree()
 
 
-def warm_start(source: str, target, include: str | Sequence[str] | None = None, *, within: tuple[str, ...] = ()):
-    """``target`` (a pytree of arrays) with leaves taken from the checkpoint ``source``.
-
-    ``source`` is a checkpoint's directory (``<model_dir>/<step>``), a
-    checkpoints directory (its latest checkpoint), or an export
-    (:meth:`Estimator.export`: its variables, which are the train state's
-    ``variables``; the paths then start at the variables, e.g. ``['params']['w']``).
-    ``within``: where ``target`` lies in a checkpoint's saved tree (the
-    estimator's variables are under ``("variables",)``); exports hold the
-    variables alone. A leaf of ``target`` whose key path
-    (``jax.tree_util.keystr``, e.g. ``['params']['dense1']['w']``) matches one of
-    the regular expressions ``include`` (``re.search``; every leaf when ``None``)
-    takes the checkpoint's value at the same path if its shape and dtype are
-    the same, placed with the target leaf's sharding; every other leaf keeps
-    the target's value. What was taken, skipped and missing is logged; nothing
-    taken is a ``ValueError``.
-    """
-    from estimator.export import is_export, read_exported_variables
-
-    path = epath.Path(source)
-    if not path.exists():
-        raise FileNotFoundError(f"warm-start source {source} does not exist")
-    if is_export(source):
-        saved = _by_path(read_exported_variables(source))
-    else:
-        is_step_dir = path.name.isdigit() and (path / "state").exists()
-        with Checkpoints(path.parent if is_step_dir else path, keep=None, async_save=False) as ckpt:
-            saved, _ = ckpt.restore_numpy(int(path.name) if is_step_dir else None)
-        saved = {names[len(within):]: leaf for names, leaf in _by_path(saved).items() if names[:len(within)] == within}
-    patterns = [include] if isinstance(include, str) else include
-    taken, mismatched, missing = [], [], []
-
-    def take(key_path, leaf):
-        name = jax.tree_util.keystr(key_path)
-        if patterns is not None and not any(re.search(p, name) for p in patterns):
-            return leaf
-        value = saved.get(_path_names(key_path))
-        if value is None:
-            missing.append(name)
-            return leaf
-        shape, dtype = np.shape(leaf), (leaf.dtype if hasattr(leaf, "dtype") else np.result_type(leaf))
-        if value.shape != shape or value.dtype != dtype:
-            mismatched.append(f"{name} (checkpoint {value.dtype}{list(value.shape)}, target {dtype}{list(shape)})")
-            return leaf
-        taken.append(name)
-        if isinstance(leaf, jax.Array):
-            return jax.make_array_from_callback(shape, leaf.sharding, lambda index: value[index])
-        return value
-
-    result = jax.tree_util.tree_map_with_path(take, target)
-    if not taken:
-        raise ValueError(f"warm start from {source}: no variable matched include={include!r} with the same shape "
-                         f"and dtype (mismatched: {mismatched or 'none'}; not in the checkpoint: {missing or 'none'})")
-    logger.info("warm-started %d variables from %s: %s", len(taken), source, ", ".join(taken))
-    if mismatched:
-        logger.warning("warm start from %s skipped (shape or dtype differ): %s", source, ", ".join(mismatched))
-    if missing:
-        logger.warning("warm start from %s: not in the checkpoint, kept as initialised: %s", source, ", ".join(missing))
-    return result
-
-
 def _abstract(leaf):
     """A restore target leaf for orbax: arrays become ShapeDtypeStructs with their sharding."""
     if isinstance(leaf, jax.Array):
@@ -537,14 +372,10 @@ def _abstract(leaf):
     return np.asarray(leaf) if isinstance(leaf, np.generic) else leaf
 
 
-def _path_names(key_path) -> tuple[str, ...]:
+def path_names(key_path) -> tuple[str, ...]:
     """A key path as names that agree between a pytree and orbax's saved tree (which has dicts for
     named tuples and lists for tuples): dict keys, sequence indices and attribute names alike."""
     return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in key_path)
-
-
-def _by_path(tree) -> dict:
-    return {_path_names(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _stored_shape(leaf) -> tuple[int, ...]:
@@ -556,10 +387,10 @@ def _stored_shape(leaf) -> tuple[int, ...]:
 
 
 def _check_matches(target, saved, what: str) -> None:
-    """Raises ValueError naming every key path missing, unexpected or of another shape."""
-    want = {_path_names(p): (jax.tree_util.keystr(p), leaf)
+    """Raises CheckpointMismatchError naming every key path missing, unexpected or of another shape."""
+    want = {path_names(p): (jax.tree_util.keystr(p), leaf)
             for p, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
-    have = {_path_names(p): (jax.tree_util.keystr(p), leaf)
+    have = {path_names(p): (jax.tree_util.keystr(p), leaf)
             for p, leaf in jax.tree_util.tree_flatten_with_path(saved)[0]}
     problems = []
     if missing := [want[k][0] for k in want if k not in have]:
@@ -570,4 +401,4 @@ def _check_matches(target, saved, what: str) -> None:
                   for k, (name, leaf) in want.items() if k in have and tuple(have[k][1].shape) != _stored_shape(leaf)]:
         problems.append(f"shapes differ: {', '.join(shapes)}")
     if problems:
-        raise ValueError(f"{what} does not match the restore target: " + "; ".join(problems))
+        raise CheckpointMismatchError(f"{what} does not match the restore target: " + "; ".join(problems))

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from jax.sharding import PartitionSpec as P
 
+from estimator.errors import InvalidArgumentError
+
 __all__ = ["RunConfig"]
 
 
@@ -14,7 +16,8 @@ def _positive(name, value, allow_none=False):
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"RunConfig.{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+        raise InvalidArgumentError(f"RunConfig.{name} must be a positive int{' or None' if allow_none else ''}, "
+                                   f"got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,10 @@ class RunConfig:
     save_summary_steps / log_step_count_steps: summaries and log lines cadence.
     seed: the PRNG seed of initialisation and of the train state's key.
     infeed_workers / infeed_slots: the decoding daemon's processes and ring slots.
-    stop_on_nan: stop training with ``FloatingPointError`` (naming the step and its loop) when the
-        loss is NaN or Inf, before that loop's state is checkpointed, and (naming the variable)
-        when a state about to be checkpointed holds NaN or Inf: the last checkpoint stays good.
+    stop_on_nan: stop training with ``NonFiniteError`` (a ``FloatingPointError``; naming the step and
+        its loop) when the loss is NaN or Inf, before that loop's state is checkpointed, and (naming
+        the variable) when a state about to be checkpointed holds NaN or Inf: the last checkpoint
+        stays good.
     distributed: call ``jax.distributed.initialize()`` (multi-host): with ``coordinator_address``,
         ``num_processes`` and ``process_id`` when given, else as JAX finds them in the environment.
     """
@@ -61,7 +65,7 @@ class RunConfig:
 
     def __post_init__(self):
         if not isinstance(self.model_dir, (str, os.PathLike)) or not os.fspath(self.model_dir):
-            raise ValueError(f"RunConfig.model_dir must be a directory path, got {self.model_dir!r}")
+            raise InvalidArgumentError(f"RunConfig.model_dir must be a directory path, got {self.model_dir!r}")
         object.__setattr__(self, "model_dir", os.fspath(self.model_dir))
         for name in ("iterations_per_loop", "save_summary_steps", "log_step_count_steps", "infeed_workers",
                      "infeed_slots"):
@@ -69,28 +73,30 @@ class RunConfig:
         _positive("save_checkpoints_steps", self.save_checkpoints_steps, allow_none=True)
         _positive("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=True)
         if self.save_checkpoints_secs is not None and not self.save_checkpoints_secs > 0:
-            raise ValueError(f"RunConfig.save_checkpoints_secs must be positive, got {self.save_checkpoints_secs!r}")
+            raise InvalidArgumentError(f"RunConfig.save_checkpoints_secs must be positive, "
+                                       f"got {self.save_checkpoints_secs!r}")
         if self.save_checkpoints_steps is not None and self.save_checkpoints_secs is not None:
-            raise ValueError("RunConfig: set save_checkpoints_steps or save_checkpoints_secs, not both")
+            raise InvalidArgumentError("RunConfig: set save_checkpoints_steps or save_checkpoints_secs, not both")
         if not isinstance(self.mesh_shape, dict) or not self.mesh_shape:
-            raise ValueError(f"RunConfig.mesh_shape must be a dict of axis sizes, got {self.mesh_shape!r}")
+            raise InvalidArgumentError(f"RunConfig.mesh_shape must be a dict of axis sizes, got {self.mesh_shape!r}")
         if "data" not in self.mesh_shape:
-            raise ValueError(f"RunConfig.mesh_shape needs a 'data' axis (batches are split over it), "
-                             f"got {self.mesh_shape!r}")
+            raise InvalidArgumentError(f"RunConfig.mesh_shape needs a 'data' axis (batches are split over it), "
+                                       f"got {self.mesh_shape!r}")
         _positive("num_processes", self.num_processes, allow_none=True)
         if self.process_id is not None and (isinstance(self.process_id, bool) or not isinstance(self.process_id, int)
                                             or self.process_id < 0):
-            raise ValueError(f"RunConfig.process_id must be an int >= 0 or None, got {self.process_id!r}")
+            raise InvalidArgumentError(f"RunConfig.process_id must be an int >= 0 or None, got {self.process_id!r}")
         if not self.distributed and (self.coordinator_address or self.num_processes or self.process_id is not None):
-            raise ValueError("RunConfig: coordinator_address, num_processes and process_id need distributed=True")
+            raise InvalidArgumentError("RunConfig: coordinator_address, num_processes and process_id need "
+                                       "distributed=True")
         if self.variable_sharding is not None and not (
                 isinstance(self.variable_sharding, list) and all(
                     isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], str) and isinstance(r[1], P)
                     for r in self.variable_sharding)):
-            raise ValueError("RunConfig.variable_sharding must be a list of (regex, PartitionSpec) pairs, got "
-                             f"{self.variable_sharding!r}")
+            raise InvalidArgumentError("RunConfig.variable_sharding must be a list of (regex, PartitionSpec) pairs, "
+                                       f"got {self.variable_sharding!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"RunConfig.seed must be an int, got {self.seed!r}")
+            raise InvalidArgumentError(f"RunConfig.seed must be an int, got {self.seed!r}")
 
     @property
     def checkpoint_every_steps(self) -> int | None:

@@ -80,26 +80,20 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
+from estimator.errors import (ArgumentTypeError, CorruptExportError, ExportExistsError, InputError,
+                              InvalidArgumentError, MissingDependencyError, ModelFnError, NotAnExportError)
+
 FORMAT = "estimator.export"
 FORMAT_VERSION = 1
 BATCH = "batch"
 
-__all__ = ["CorruptExportError", "LoadedModel", "TensorSpec", "export_model", "load_exported"]
+__all__ = ["LoadedModel", "TensorSpec", "export_model", "load_exported"]
 
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"[\w.-]+")
 VARIABLES = "variables.npz"
 SIGNATURE = "signature.json"
-
-
-class CorruptExportError(ValueError):
-    """An export directory's file ``path`` is not what :func:`export_model` wrote (``reason``);
-    nothing of it was loaded or run."""
-
-    def __init__(self, path: str, reason: str):
-        super().__init__(f"refusing to load the export file {path}: {reason}")
-        self.path, self.reason = path, reason
 
 
 @dataclass(frozen=True)
@@ -112,11 +106,11 @@ class TensorSpec:
     def __post_init__(self):
         shape = tuple(self.shape)
         if not all(d is None or (isinstance(d, int) and d >= 0) for d in shape):
-            raise ValueError(f"TensorSpec shape {self.shape!r}: each dimension must be None or an int >= 0")
+            raise InvalidArgumentError(f"TensorSpec shape {self.shape!r}: each dimension must be None or an int >= 0")
         try:
             dtype = jnp.dtype(self.dtype).name
         except TypeError as e:
-            raise ValueError(f"TensorSpec dtype {self.dtype!r} is not a dtype") from e
+            raise InvalidArgumentError(f"TensorSpec dtype {self.dtype!r} is not a dtype") from e
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype)
 
@@ -150,12 +144,13 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
     refused unless ``overwrite=True``.
     """
     if not serving_features or not all(isinstance(s, TensorSpec) for s in serving_features.values()):
-        raise TypeError("serving_features must be a non-empty dict of feature name -> TensorSpec")
+        raise ArgumentTypeError("serving_features must be a non-empty dict of feature name -> TensorSpec")
     if not _NAME.fullmatch(name):
-        raise ValueError(f"export name {name!r} must be a plain file name")
+        raise InvalidArgumentError(f"export name {name!r} must be a plain file name")
     directory = os.path.abspath(os.fspath(directory))
     if os.path.exists(directory) and not (os.path.isdir(directory) and (overwrite or not os.listdir(directory))):
-        raise FileExistsError(f"{directory} already exists and is not an empty directory (pass overwrite=True to replace it)")
+        raise ExportExistsError(f"{directory} already exists and is not an empty directory "
+                                "(pass overwrite=True to replace it)")
     platforms = tuple(dict.fromkeys(platforms or (jax_export.default_export_platform(), "cpu")))
 
     paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(variables)
@@ -174,7 +169,7 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
     exported = jax_export.export(jax.jit(flat_predict), platforms=platforms)(leaf_args, feature_args)
     outputs = jax.tree_util.tree_unflatten(exported.out_tree, exported.out_avals)
     if not (isinstance(outputs, dict) and all(isinstance(k, str) and hasattr(v, "shape") for k, v in outputs.items())):
-        raise TypeError(f"predict_fn must return a flat dict of arrays keyed by name; it returned {outputs!r}")
+        raise ModelFnError(f"predict_fn must return a flat dict of arrays keyed by name; it returned {outputs!r}")
 
     signature = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "name": name,
@@ -222,7 +217,8 @@ def _write_saved_model(path, flat_predict, leaves, shapes, serving_features, pla
     try:
         import tensorflow as tf
     except ImportError as e:
-        raise ImportError("saved_model=True needs TensorFlow (pip install tensorflow); the jax.export artefact does not") from e
+        raise MissingDependencyError("saved_model=True needs TensorFlow (pip install tensorflow); "
+                                     "the jax.export artefact does not") from e
     from jax.experimental import jax2tf
 
     names = sorted(serving_features)
@@ -260,28 +256,29 @@ class LoadedModel:
 
     def __call__(self, features: Mapping) -> dict[str, np.ndarray]:
         if not isinstance(features, Mapping):
-            raise TypeError(f"features must be a dict of feature name -> array, not {type(features).__name__}")
+            raise InputError(f"features must be a dict of feature name -> array, not {type(features).__name__}")
         expected = self.signature["features"]
         unknown, missing = sorted(set(features) - set(expected)), sorted(set(expected) - set(features))
         if unknown or missing:
-            raise ValueError(f"unknown features {unknown} and missing features {missing}; "
+            raise InputError(f"unknown features {unknown} and missing features {missing}; "
                              f"this model takes {sorted(expected)}")
         arrays, sizes = {}, {}
         for name, spec in expected.items():
             x = features[name] if hasattr(features[name], "shape") else np.asarray(features[name])
             if np.dtype(x.dtype) != jnp.dtype(spec["dtype"]):
-                raise TypeError(f"feature {name!r} has dtype {np.dtype(x.dtype).name}, expected {spec['dtype']}")
+                raise InputError(f"feature {name!r} has dtype {np.dtype(x.dtype).name}, expected {spec['dtype']}")
             shape = spec["shape"]
             if len(x.shape) != len(shape) or any(isinstance(d, int) and d != n for d, n in zip(shape, x.shape)):
-                raise ValueError(f"feature {name!r} has shape {tuple(x.shape)}, expected {_show(shape)}")
+                raise InputError(f"feature {name!r} has shape {tuple(x.shape)}, expected {_show(shape)}")
             for d, n in zip(shape, x.shape):
                 if isinstance(d, str):
                     if n < 1:
-                        raise ValueError(f"feature {name!r} has shape {tuple(x.shape)}: its dimension {d!r} "
+                        raise InputError(f"feature {name!r} has shape {tuple(x.shape)}: its dimension {d!r} "
                                          "must be at least 1")
                     first = sizes.setdefault(d, (n, name))
                     if first[0] != n:
-                        raise ValueError(f"feature {name!r} has {d} = {n} but feature {first[1]!r} has {d} = {first[0]}")
+                        raise InputError(f"feature {name!r} has {d} = {n} "
+                                         f"but feature {first[1]!r} has {d} = {first[0]}")
             arrays[name] = x
         return {k: np.asarray(v) for k, v in self._call(self._leaves, arrays).items()}
 
@@ -293,12 +290,12 @@ def _read_signature(directory: str) -> dict:
         with open(path, "rb") as f:
             signature = json.loads(f.read())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{directory} is not an export: it has no {SIGNATURE}") from None
+        raise NotAnExportError(f"{directory} is not an export: it has no {SIGNATURE}") from None
     except ValueError as e:
         raise CorruptExportError(path, f"not JSON ({e})") from None
     if not isinstance(signature, dict) or signature.get("format") != FORMAT \
             or signature.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{directory} is not an {FORMAT} directory of version {FORMAT_VERSION}")
+        raise NotAnExportError(f"{directory} is not an {FORMAT} directory of version {FORMAT_VERSION}")
     try:
         if not (isinstance(signature["name"], str) and _NAME.fullmatch(signature["name"])):
             raise ValueError(f"name {signature['name']!r} is not a plain file name")

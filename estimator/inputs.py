@@ -32,6 +32,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import infeed
+from estimator.errors import InputError
 from infeed.daemon.dataset import PADDING_KEY
 from xla_runtime import Feeder
 
@@ -68,7 +69,7 @@ class Input:
         processes = jax.process_count()
         if isinstance(source, infeed.Dataset):
             if source.batch_size != batch_size:
-                raise ValueError(f"input_fn's Dataset has batch_size={source.batch_size}; this mode's per-host "
+                raise InputError(f"input_fn's Dataset has batch_size={source.batch_size}; this mode's per-host "
                                  f"batch is {batch_size} (use params['batch_size'])")
             changes = {"steps_per_slot": steps}
             if exact:
@@ -86,7 +87,7 @@ class Input:
                 host = _aligned(host, max(_all_processes(local)), steps, padding)
         elif isinstance(source, Iterable):
             if state is not None:
-                raise ValueError("only an infeed.Dataset input can resume where a checkpoint left it")
+                raise InputError("only an infeed.Dataset input can resume where a checkpoint left it")
             self.dataset, self.labels = None, None
             items = iter(source)
             if exact and processes > 1:
@@ -98,8 +99,8 @@ class Input:
                     items = itertools.chain(items, itertools.repeat(padding, total - len(items)))
             host = _stacked(items, steps, batch_size, exact)
         else:
-            raise TypeError(f"input_fn must return an infeed.Dataset or an iterable of (features, labels) batches, "
-                            f"got {type(source).__name__}")
+            raise InputError(f"input_fn must return an infeed.Dataset or an iterable of (features, labels) batches, "
+                             f"got {type(source).__name__}")
         self._feeder = Feeder(host, mesh, P(None, "data"))
 
     def __iter__(self) -> Iterator:
@@ -140,15 +141,15 @@ def _as_batch(item, batch_size: int, exact: bool) -> dict:
     try:
         features, labels = item
     except (TypeError, ValueError):
-        raise TypeError("an input_fn iterable must yield (features, labels) pairs (labels may be None)") from None
+        raise InputError("an input_fn iterable must yield (features, labels) pairs (labels may be None)") from None
     batch = {"features": features, LABELS: labels} if labels is not None else {"features": features}
     batch = jax.tree.map(np.asarray, batch)
     sizes = {np.shape(x)[0] if np.ndim(x) else None for x in jax.tree.leaves(batch)}
     if len(sizes) != 1 or None in sizes:
-        raise ValueError(f"every array of an input batch needs the same leading batch dimension, found {sizes}")
+        raise InputError(f"every array of an input batch needs the same leading batch dimension, found {sizes}")
     n = sizes.pop()
     if n > batch_size or (n < batch_size and not exact):
-        raise ValueError(f"an input batch has {n} examples; this mode's per-host batch is {batch_size}"
+        raise InputError(f"an input batch has {n} examples; this mode's per-host batch is {batch_size}"
                          + ("" if exact else " (only evaluation and prediction pad a short last batch)"))
     if exact:
         batch = jax.tree.map(lambda x: np.concatenate([x, np.zeros((batch_size - n,) + x.shape[1:], x.dtype)]), batch)
@@ -188,7 +189,7 @@ class _OneStep:
 
 
 def _no_batch():
-    raise ValueError("with several processes, each process's evaluation or prediction input needs at least one "
+    raise InputError("with several processes, each process's evaluation or prediction input needs at least one "
                      "batch (its shape is what the others pad with)")
 
 

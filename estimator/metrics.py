@@ -50,6 +50,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from estimator.errors import ArgumentTypeError, InvalidArgumentError
+
 __all__ = ["Metric", "accuracy", "auc", "current_mask", "example_mask", "mean", "mean_absolute_error",
            "mean_squared_error", "merge_all", "precision", "recall", "results", "sum", "sum_over_steps"]
 
@@ -72,15 +74,17 @@ class Metric:
     stats: dict
 
     def merge(self, other: Metric) -> Metric:
-        """The statistics of both added (on device or host); ``ValueError`` if kinds or shapes differ."""
+        """The statistics of both added (on device or host); :class:`~estimator.errors.InvalidArgumentError`
+        (a ``ValueError``) if kinds or shapes differ."""
         if not isinstance(other, Metric):
-            raise TypeError(f"cannot merge a Metric with {type(other).__name__}")
+            raise ArgumentTypeError(f"cannot merge a Metric with {type(other).__name__}")
         if other.kind != self.kind:
-            raise ValueError(f"cannot merge metrics of different kinds: {self.kind!r} and {other.kind!r}")
+            raise InvalidArgumentError(f"cannot merge metrics of different kinds: {self.kind!r} and {other.kind!r}")
         shapes, other_shapes = ({k: np.shape(v) for k, v in m.stats.items()} for m in (self, other))
         if shapes != other_shapes:
-            raise ValueError(f"cannot merge {self.kind!r} metrics of different shapes, {shapes} and {other_shapes} "
-                             "(different num_buckets, or a stacked step axis not yet summed by sum_over_steps?)")
+            raise InvalidArgumentError(f"cannot merge {self.kind!r} metrics of different shapes, {shapes} and "
+                                       f"{other_shapes} (different num_buckets, or a stacked step axis not yet summed "
+                                       "by sum_over_steps?)")
         return Metric(self.kind, {k: v + other.stats[k] for k, v in self.stats.items()})
 
     def result(self) -> float:
@@ -88,8 +92,8 @@ class Metric:
         stats = {k: np.asarray(v, np.float64) for k, v in self.stats.items()}
         shapes = {k: v.shape for k, v in stats.items()}
         if any(len(shape) != (1 if self.kind.startswith("auc") else 0) for shape in shapes.values()):
-            raise ValueError(f"{self.kind!r} metric has statistics of shapes {shapes}: sum a stacked step "
-                             "axis with sum_over_steps before asking for its result")
+            raise InvalidArgumentError(f"{self.kind!r} metric has statistics of shapes {shapes}: sum a stacked step "
+                                       "axis with sum_over_steps before asking for its result")
         with np.errstate(divide="ignore", invalid="ignore"):
             if self.kind == "sum":
                 return float(stats["total"])
@@ -131,7 +135,7 @@ def example_mask(mask) -> Iterator[None]:
     """
     mask = jnp.asarray(mask, jnp.float32)
     if mask.ndim != 1:
-        raise ValueError(f"example_mask takes a [batch] mask, got shape {mask.shape}")
+        raise InvalidArgumentError(f"example_mask takes a [batch] mask, got shape {mask.shape}")
     outer = _mask.get()
     token = _mask.set(mask if outer is None else outer * mask)
     try:
@@ -145,8 +149,8 @@ def example_mask(mask) -> Iterator[None]:
 def _leading(x: jax.Array, shape: tuple, what: str) -> jax.Array:
     """``x`` broadcast to ``shape`` along its leading axes."""
     if x.ndim > len(shape) or any(d not in (1, s) for d, s in zip(x.shape, shape)):
-        raise ValueError(f"{what} of shape {x.shape} does not fit values of shape {shape} "
-                         "(it must match their leading axes)")
+        raise InvalidArgumentError(f"{what} of shape {x.shape} does not fit values of shape {shape} "
+                                   "(it must match their leading axes)")
     return jnp.broadcast_to(x.reshape(x.shape + (1,) * (len(shape) - x.ndim)), shape)
 
 
@@ -169,7 +173,8 @@ def _ratio(kind: str, values: jax.Array, w: jax.Array) -> Metric:
 def _pair(labels, predictions) -> tuple[jax.Array, jax.Array]:
     labels, predictions = jnp.asarray(labels), jnp.asarray(predictions)
     if labels.shape != predictions.shape:
-        raise ValueError(f"labels of shape {labels.shape} and predictions of shape {predictions.shape} differ")
+        raise InvalidArgumentError(f"labels of shape {labels.shape} and predictions of shape {predictions.shape} "
+                                   "differ")
     return labels, predictions
 
 
@@ -224,9 +229,9 @@ def auc(labels, scores, weights=None, num_buckets: int = 200, curve: str = "ROC"
     is negative).
     """
     if curve not in ("ROC", "PR"):
-        raise ValueError(f"auc curve must be 'ROC' or 'PR', got {curve!r}")
+        raise InvalidArgumentError(f"auc curve must be 'ROC' or 'PR', got {curve!r}")
     if num_buckets < 1:
-        raise ValueError(f"auc needs num_buckets >= 1, got {num_buckets}")
+        raise InvalidArgumentError(f"auc needs num_buckets >= 1, got {num_buckets}")
     labels, scores = _pair(labels, scores)
     w = _weights(weights, labels.shape).ravel()
     bucket = jnp.clip(jnp.floor(scores.astype(jnp.float32) * num_buckets).astype(jnp.int32), 0, num_buckets - 1)

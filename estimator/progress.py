@@ -40,6 +40,8 @@ from typing import Self
 
 import tqdm
 
+from estimator.errors import InvalidArgumentError
+
 __all__ = ["StepLogger", "batch_bar"]
 
 _LOGGER = logging.getLogger("estimator")
@@ -61,7 +63,7 @@ class StepLogger:
                  initial_step: int = 0, desc: str | None = None, bar_file=None,
                  clock: Callable[[], float] = time.monotonic):
         if not (isinstance(every_steps, int) and every_steps >= 1):
-            raise ValueError(f"every_steps must be a positive int, got {every_steps!r}")
+            raise InvalidArgumentError(f"every_steps must be a positive int, got {every_steps!r}")
         self.every_steps = every_steps
         self.examples_per_step = examples_per_step
         self.logger = logger

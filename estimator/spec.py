@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from estimator.errors import InvalidArgumentError
+
 __all__ = ["ModeKeys", "EstimatorSpec"]
 
 
@@ -49,7 +51,7 @@ class EstimatorSpec:
 
     def __post_init__(self):
         if self.mode not in _MODES:
-            raise ValueError(f"EstimatorSpec.mode must be one of {_MODES}, got {self.mode!r}")
+            raise InvalidArgumentError(f"EstimatorSpec.mode must be one of {_MODES}, got {self.mode!r}")
         if self.host_call is not None and (not isinstance(self.host_call, tuple) or len(self.host_call) != 2
                                            or not callable(self.host_call[0])):
-            raise ValueError("EstimatorSpec.host_call must be a (fn, tensors) pair")
+            raise InvalidArgumentError("EstimatorSpec.host_call must be a (fn, tensors) pair")

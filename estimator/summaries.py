@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Self
 
+from estimator.errors import CorruptSummaryError, InvalidArgumentError
 from infeed.example.codec import varint
 from infeed.tfrecord import TFRecordWriter, expand_files, read_records
 
@@ -72,7 +73,7 @@ def _float32(value) -> bytes:
 
 def _tag(tag) -> bytes:
     if not isinstance(tag, str) or not tag:
-        raise ValueError(f"a summary tag must be a non-empty str, got {tag!r}")
+        raise InvalidArgumentError(f"a summary tag must be a non-empty str, got {tag!r}")
     return _bytes_field(1, tag.encode("utf-8"))
 
 
@@ -104,7 +105,7 @@ def _event(wall_time: float, step: int | None = None, *, file_version: str | Non
 def _step(step) -> int:
     step = operator.index(step)
     if not -(1 << 63) <= step < 1 << 63:
-        raise ValueError(f"step {step} is outside int64")
+        raise InvalidArgumentError(f"step {step} is outside int64")
     return step
 
 
@@ -118,7 +119,7 @@ class SummaryWriter:
     background thread, on :meth:`flush` and on :meth:`close`. All methods are
     thread-safe. Close the writer (or use it in a ``with`` block): that writes
     what is pending and stops the thread. After :meth:`close`, writing raises
-    ``ValueError``.
+    ``InvalidArgumentError`` (a ``ValueError``, as for Python's files).
 
     Values may be Python, numpy or JAX scalars (converted with ``float``);
     steps any integer (``operator.index``). ``wall_time`` defaults to now.
@@ -126,9 +127,9 @@ class SummaryWriter:
 
     def __init__(self, logdir, *, flush_secs: float = 10, max_queue: int = 100):
         if not flush_secs > 0:
-            raise ValueError(f"flush_secs must be positive, got {flush_secs!r}")
+            raise InvalidArgumentError(f"flush_secs must be positive, got {flush_secs!r}")
         if not (isinstance(max_queue, int) and max_queue >= 1):
-            raise ValueError(f"max_queue must be a positive int, got {max_queue!r}")
+            raise InvalidArgumentError(f"max_queue must be a positive int, got {max_queue!r}")
         self.logdir = os.fspath(logdir)
         self.flush_secs = flush_secs
         self.max_queue = max_queue
@@ -192,7 +193,7 @@ class SummaryWriter:
     def _append(self, event: bytes) -> None:
         with self._lock:
             if self._closed:
-                raise ValueError(f"{self.path}: write to a closed SummaryWriter")
+                raise InvalidArgumentError(f"{self.path}: write to a closed SummaryWriter")
             self._queue.append(event)
             if len(self._queue) >= self.max_queue:
                 self._flush_locked()
@@ -214,7 +215,7 @@ def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if i >= len(buf) or shift > 63:
-            raise ValueError("malformed varint in an event")
+            raise CorruptSummaryError("malformed varint in an event")
         byte = buf[i]
         result |= (byte & 0x7F) << shift
         i, shift = i + 1, shift + 7
@@ -242,9 +243,9 @@ def _fields(message) -> Iterator[tuple[int, int, object]]:
             size, i = _read_varint(buf, i)
             value, i = buf[i:i + size], i + size
         else:
-            raise ValueError(f"unsupported protobuf wire type {wire} in an event")
+            raise CorruptSummaryError(f"unsupported protobuf wire type {wire} in an event")
         if i > len(buf):
-            raise ValueError("truncated field in an event")
+            raise CorruptSummaryError("truncated field in an event")
         yield key >> 3, wire, value
 
 
@@ -306,7 +307,8 @@ def read_scalars(path_or_dir) -> dict[str, list[tuple[int, float]]]:
     """The scalars in an event file, or in every ``*tfevents*`` file of a directory (in name order).
 
     Returns ``{tag: [(step, value), ...]}`` in the order written. Records are
-    CRC-checked (damage raises :class:`infeed.CorruptRecordError`); fields
+    CRC-checked (damage raises :class:`infeed.CorruptRecordError`, a record that
+    is not an Event :class:`~estimator.errors.CorruptSummaryError`); fields
     other than the scalars' are skipped.
     """
     path = os.fspath(path_or_dir)

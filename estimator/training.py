@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from estimator.errors import ArgumentTypeError, InvalidArgumentError
 from estimator.estimator import Estimator
 
 __all__ = ["TrainSpec", "EvalSpec", "train_and_evaluate"]
@@ -27,9 +28,9 @@ class TrainSpec:
 
     def __post_init__(self):
         if not callable(self.input_fn):
-            raise TypeError("TrainSpec.input_fn must be a function of params")
+            raise ArgumentTypeError("TrainSpec.input_fn must be a function of params")
         if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
-            raise ValueError(f"TrainSpec.max_steps must be a positive int, got {self.max_steps!r}")
+            raise InvalidArgumentError(f"TrainSpec.max_steps must be a positive int, got {self.max_steps!r}")
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,11 @@ class EvalSpec:
 
     def __post_init__(self):
         if not callable(self.input_fn):
-            raise TypeError("EvalSpec.input_fn must be a function of params")
+            raise ArgumentTypeError("EvalSpec.input_fn must be a function of params")
         for field in ("steps", "every_steps"):
             value = getattr(self, field)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"EvalSpec.{field} must be a positive int or None, got {value!r}")
+                raise InvalidArgumentError(f"EvalSpec.{field} must be a positive int or None, got {value!r}")
 
 
 def train_and_evaluate(estimator: Estimator, train_spec: TrainSpec, eval_spec: EvalSpec) -> list[dict]:

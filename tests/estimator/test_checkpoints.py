@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from estimator.checkpoints import Checkpoints, warm_start
+from estimator.checkpoints import Checkpoints
+from estimator.warm_start import warm_start
 
 
 def _params(scale=1.0):

@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import estimator as est
+import xla_runtime as xr
 from jax.sharding import PartitionSpec as P
 import infeed
 
@@ -142,12 +143,12 @@ def test_an_iterable_input_and_host_side_metric_fn(files, tmp_path):
     assert result["host_accuracy"] == pytest.approx(e.evaluate(eval_input(files))["host_accuracy"])
 
 
-def test_host_call_outside_compilation_learning_rate_and_summaries(files, tmp_path):
+def test_host_calls_inside_and_after_the_loop_learning_rate_and_summaries(files, tmp_path):
     seen, inside = [], []
 
     def with_host_calls(variables, features, labels, mode, params):
         spec = model_fn(variables, features, labels, mode, params)
-        est.outside_compilation(lambda n, loss: inside.append(int(n)), labels.shape[0], spec.loss)  # under grad
+        xr.host_call(lambda n, loss: inside.append(int(n)), labels.shape[0], spec.loss)  # under grad
         return est.EstimatorSpec(mode, loss=spec.loss, host_call=(lambda step, loss: seen.append((step, float(loss))),
                                                                   {"loss": spec.loss}))
 

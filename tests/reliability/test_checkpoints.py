@@ -21,7 +21,10 @@ import pytest
 
 import estimator as est
 import xla_runtime
-from estimator.checkpoints import MANIFEST, CheckpointSaveError, Checkpoints, CorruptCheckpointError, warm_start
+from estimator.checkpoint_manifest import MANIFEST
+from estimator.checkpoints import Checkpoints
+from estimator.errors import CheckpointSaveError, CorruptCheckpointError
+from estimator.warm_start import warm_start
 from orbax.checkpoint._src.path import async_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,12 +45,12 @@ directory, kill_at = sys.argv[1], sys.argv[2]
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
 if kill_at == "manifest written":             # the manifest is in the temporary directory, orbax has not committed
-    write = checkpoints._write_manifest
-    def _write_manifest(path, step):
+    write = checkpoints.write_manifest
+    def write_manifest(path, step):
         write(path, step)
         if step == 3 * EVERY:
             die()
-    checkpoints._write_manifest = _write_manifest
+    checkpoints.write_manifest = write_manifest
 elif kill_at == "before the rename":          # every file written, commit_success.txt too: only the rename is left
     rename = async_path.rename
     async def renamed(src, dst):
@@ -233,7 +236,8 @@ def test_a_failed_async_save_is_raised_in_the_trainer_naming_the_step_and_direct
 _FAILING_DIRECTORY = """
 import json, os, subprocess, sys
 import numpy as np, jax.numpy as jnp
-from estimator.checkpoints import Checkpoints, CheckpointSaveError
+from estimator.checkpoints import Checkpoints
+from estimator.errors import CheckpointSaveError
 directory, failure = sys.argv[1], sys.argv[2]
 if failure == "disk full":      # a 2 MiB file system, in this process's own mount namespace
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", directory], check=True)

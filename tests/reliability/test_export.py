@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from estimator.checkpoints import warm_start
-from estimator.export import CorruptExportError, TensorSpec, export_model, load_exported
+from estimator.errors import CorruptExportError
+from estimator.export import TensorSpec, export_model, load_exported
+from estimator.warm_start import warm_start
 
 ROOT = Path(__file__).resolve().parents[2]
 
