@@ -31,8 +31,8 @@ import json
 import sys
 import time
 
-from bench.harness import Case, Measurement, Ratio, SuiteResult, interleave, log
 from bench.children import child_main, run_child
+from bench.harness import Case, Measurement, Ratio, SuiteResult, interleave, log
 from bench.loop_suite import _add_group, _measure_model, default_steps
 
 __all__ = ["run", "PINNED", "PAGEABLE", "TO_HOST", "DEVICE_COPY", "TRANSFER_MB", "MODELS"]
