@@ -27,7 +27,7 @@ __all__ = ["Batch", "Feed", "attach", "start_of", "STATE_VERSION"]
 #: Version of the dict :meth:`Feed.state` returns.
 STATE_VERSION = 1
 #: Seconds an attached consumer gives the server to report how a worker it saw die died.
-SERVER_REPORT = 1.0
+SERVER_REPORT = 3.0
 #: Seconds a consumer polls for its next batch before it sleeps (see :class:`Feed`).
 SPIN = 0.0002
 #: Seconds a consumer waits for one batch before it logs a warning naming the worker that owes
@@ -262,13 +262,16 @@ def attach(name: str, timeout: float | None = None) -> Feed:
         try:
             ring.check_workers()
         except WorkerDied:
-            # The server, the workers' parent, records how one died (its signal): wait for that.
+            # The server, the workers' parent, records how one died (its signal), then exits: wait for the
+            # record, reading it after each look at the server so that one written just before it left counts.
             deadline = time.monotonic() + SERVER_REPORT
-            while time.monotonic() < deadline and ring.owner_alive():
+            while True:
+                server_gone = not ring.owner_alive()
                 error = ring.error()
                 if error is not None:
                     error.raise_()
+                if server_gone or time.monotonic() >= deadline:
+                    raise
                 time.sleep(0.02)
-            raise
 
     return Feed(ring, dataset, check, timeout, workers)

@@ -19,12 +19,15 @@ import numpy as np
 from infeed.example.spec import Padded
 from infeed.ring import _ring
 
-__all__ = ["MAGIC", "VERSION", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
+__all__ = ["MAGIC", "VERSION", "LOCKED_SINCE", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
            "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "HEADER_WORDS", "HEADER_STOP", "SegmentPlan", "align",
-           "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan"]
+           "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan", "header_problem"]
 
 MAGIC = b"INFEEDRB"
-VERSION = 2
+#: 3: the creator and the workers hold locks (:mod:`infeed.ring.locks`); liveness no longer reads pids.
+VERSION = 3
+#: The first layout version whose creators hold locks.
+LOCKED_SINCE = 3
 #: The header's ``state`` once the creator has written everything: attachers refuse a ring before that.
 READY = 1
 ALIGN = 64
@@ -160,3 +163,24 @@ def segment_plan(layout_bytes: int, meta_bytes: int, slots: int, slot_size: int,
     data = align(error + ERROR.itemsize, page)
     total = align(data + slots * slot_size, page)
     return SegmentPlan(HEADER_SIZE, meta, semaphores, table, workers, error, data, total)
+
+
+def header_problem(h, size: int) -> str:
+    """What is wrong with header ``h`` (a :data:`HEADER` record) of a segment of ``size`` bytes, or "".
+
+    A damaged or hostile header must fail with a message, not as numpy's out-of-range errors later.
+    """
+    slots, workers, slot_size = int(h["slots"]), int(h["max_workers"]), int(h["slot_size"])
+    if slots < 1 or workers < 1 or int(h["steps_per_slot"]) < 1:
+        return f"slots={slots}, max_workers={workers}, steps_per_slot={int(h['steps_per_slot'])}"
+    parts = {"layout": (int(h["layout_offset"]), int(h["layout_len"])),
+             "meta": (int(h["meta_offset"]), int(h["meta_len"])),
+             "semaphores": (int(h["sem_offset"]), (2 * slots + 1) * SEM_STRIDE),
+             "slot table": (int(h["table_offset"]), slots * SLOT.itemsize),
+             "worker table": (int(h["workers_offset"]), workers * WORKER.itemsize),
+             "error record": (int(h["error_offset"]), ERROR.itemsize),
+             "slots": (int(h["data_offset"]), slots * slot_size)}
+    for part, (offset, length) in parts.items():
+        if offset < HEADER_SIZE or offset + length > size or (part != "layout" and part != "meta" and offset % 8):
+            return f"its {part} ({length} bytes at offset {offset}) do not fit a {size}-byte segment"
+    return ""

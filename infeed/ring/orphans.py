@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 
-from infeed.ring.names import alias_target, is_alias
+from infeed.ring.layout import LOCKED_SINCE
+from infeed.ring.names import alias_target, is_names_dir, private_dir_problem
 from infeed.ring.processes import start_time
 from infeed.ring.segments import SHM_DIR, name_prefix, read_creator
 
@@ -22,35 +23,63 @@ CREATION_GRACE = 60.0
 
 
 def ring_is_orphan(path: str) -> bool:
-    """Whether the ring segment at ``path`` is this user's and its creator is gone (or never finished it)."""
+    """Whether the ring segment at ``path`` is this user's and its creator is gone (or never finished it).
+
+    A creator holds its ring's lock (:mod:`infeed.ring.locks`) from the moment the file exists: a held
+    lock means a live creator, in whatever PID namespace it runs. Rings of infeed before layout
+    version 3 hold no lock and are judged by their creator's pid and start time, as they were.
+    """
     creator = read_creator(path)
-    if creator is None:
+    if creator is None or creator.locked:
         return False
-    young = creator.age <= CREATION_GRACE
-    if not creator.has_header or creator.pid <= 0:   # the creator writes the magic before its pid
-        return not young
-    now = start_time(creator.pid)
-    if now is None:
-        return True
-    return bool(creator.start_time) and now != creator.start_time   # the pid now belongs to another process
+    if not creator.version or creator.pid <= 0:        # a file that is no ring (yet), or a ring in creation
+        return creator.age > CREATION_GRACE
+    if creator.version < LOCKED_SINCE:
+        now = start_time(creator.pid)
+        return now is None or (bool(creator.start_time) and now != creator.start_time)
+    return True
 
 
 def orphans() -> list[str]:
-    """Paths in ``/dev/shm`` of this user's rings and aliases that nothing uses any more."""
+    """Paths in ``/dev/shm`` of this user's rings that nothing holds any more, and of the names of rings that
+    are gone (in the private names directory, and the alias files of versions before it)."""
     prefix = name_prefix()
     found = []
     for name in sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix)):
         path = os.path.join(SHM_DIR, name)
-        if is_alias(name):
-            target = alias_target(path)
-            if target is None:
-                continue
-            if not target.startswith(prefix) or not os.path.exists(os.path.join(SHM_DIR, target)) \
-                    or ring_is_orphan(os.path.join(SHM_DIR, target)):
-                found.append(path)
+        if is_names_dir(name):
+            if _is_private(path):                           # never walk a directory another user planted
+                found += _stale_names(path)
+        elif name.startswith(prefix + "name-"):        # an alias file of infeed before the names directory
+            found += _stale_names(SHM_DIR, [name])
         elif ring_is_orphan(path):
             found.append(path)
     return found
+
+
+def _is_private(path: str) -> bool:
+    try:
+        return not private_dir_problem(path)
+    except OSError:
+        return False
+
+
+def _stale_names(directory: str, entries: list[str] | None = None) -> list[str]:
+    """The aliases in ``directory`` (``entries`` of it, default all) whose ring is gone."""
+    try:
+        entries = sorted(os.listdir(directory)) if entries is None else entries
+    except OSError:
+        return []
+    stale = []
+    for entry in entries:
+        path = os.path.join(directory, entry)
+        target = alias_target(path)
+        if target is None:
+            continue
+        ring = os.path.join(SHM_DIR, target)
+        if not target.startswith(name_prefix()) or not os.path.exists(ring) or ring_is_orphan(ring):
+            stale.append(path)
+    return stale
 
 
 def collect(dry_run: bool = False) -> list[tuple[str, int]]:

@@ -60,11 +60,11 @@ import numpy as np
 
 from infeed.errors import AttachError, InfeedError, ShmSpaceError, Timeout, WorkerDied
 from infeed.example.spec import Padded
-from infeed.ring import _ring
+from infeed.ring import _ring, locks
 from infeed.ring.failures import ProducerFailure, decode_failure, encode_failure
 from infeed.ring.layout import (ERROR, ERROR_PAYLOAD, HEADER, HEADER_SIZE, HEADER_STOP, HEADER_WORDS, MAGIC, READY,
-                                SEM_STRIDE, SLOT, SLOT_WORDS, VERSION, WORKER, WORKER_WORDS, layout_from_json,
-                                layout_json, layout_of, segment_plan, slot_plan)
+                                SEM_STRIDE, SLOT, SLOT_WORDS, VERSION, WORKER, WORKER_WORDS, header_problem,
+                                layout_from_json, layout_json, layout_of, segment_plan, slot_plan)
 from infeed.ring.processes import start_time
 from infeed.ring.segments import SHM_DIR, create_private, free_bytes, install_sigterm_cleanup, unlink_owned
 from infeed.ring.slots import FILLED, FREE, READING, STATE_NAMES, WRITING, SlotInfo
@@ -79,6 +79,14 @@ def _mlock(mapping) -> int:
     return mapping.mlock()
 
 
+def _release(fd: int, path: str, owner_pid: int | None) -> None:
+    """Closes a ring's descriptor (dropping the locks this process holds through it) and, in the process
+    that created the ring, unlinks its segment."""
+    os.close(fd)
+    if owner_pid is not None:
+        unlink_owned(path, owner_pid)
+
+
 class Ring:
     """A ring of batch slots in shared memory. Make one with :meth:`create` or :meth:`attach`."""
 
@@ -87,9 +95,9 @@ class Ring:
 
     # construction -----------------------------------------------------------------------------
     @classmethod
-    def _new(cls, name: str, path: str, mapping, owner: bool) -> "Ring":
+    def _new(cls, name: str, path: str, mapping, fd: int, owner: bool) -> "Ring":
         self = object.__new__(cls)
-        self.name, self.path, self._map, self.is_owner = name, path, mapping, owner
+        self.name, self.path, self._map, self._fd, self.is_owner = name, path, mapping, fd, owner
         self._header = np.frombuffer(mapping, HEADER, 1)[0]
         h = self._header
         self.slots = int(h["slots"])
@@ -111,7 +119,8 @@ class Ring:
         self._worker0 = int(h["workers_offset"]) // 8
         self._views: list = [None] * self.slots
         self._pinned = False
-        self._finalizer = weakref.finalize(self, unlink_owned, path, os.getpid()) if owner else None
+        self._locked_workers: set[int] = set()
+        self._finalizer = weakref.finalize(self, _release, fd, path, os.getpid() if owner else None)
         return self
 
     @classmethod
@@ -145,12 +154,10 @@ class Ring:
         name, path, fd = create_private()
         pid = os.getpid()
         try:
-            try:
-                os.posix_fallocate(fd, 0, plan.total)
-                mapping = _ring.Mapping(fd, plan.total)
-            finally:
-                os.close(fd)
+            os.posix_fallocate(fd, 0, plan.total)
+            mapping = _ring.Mapping(fd, plan.total)
         except BaseException as exc:
+            os.close(fd)
             unlink_owned(path, pid)
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOMEM):
                 raise ShmSpaceError(SHM_DIR, plan.total, free_bytes()) from exc
@@ -174,9 +181,10 @@ class Ring:
                 mapping.sem_init(plan.semaphores + (2 * i + 1) * SEM_STRIDE, 0)  # filled
             mapping.sem_init(plan.semaphores + 2 * slots * SEM_STRIDE, 1)        # error-record claim
             del buf, h
-            ring = cls._new(name, path, mapping, owner=True)
+            ring = cls._new(name, path, mapping, fd, owner=True)
             ring._header["state"] = READY  # last: attachers refuse a half-written header
         except BaseException:
+            os.close(fd)
             unlink_owned(path, pid)
             raise
         install_sigterm_cleanup()
@@ -206,17 +214,23 @@ class Ring:
         except OSError as exc:
             raise AttachError(name, "exists", "a segment this user can open", exc.strerror) from None
         try:
-            st = os.fstat(fd)
-            if st.st_uid != os.getuid():
-                raise AttachError(name, "owner", f"uid {os.getuid()}", f"uid {st.st_uid}")
-            mode = stat.S_IMODE(st.st_mode)
-            if mode != 0o600:
-                raise AttachError(name, "mode", "0o600", oct(mode))
-            if st.st_size < HEADER_SIZE:
-                raise AttachError(name, "size", f"at least {HEADER_SIZE} bytes", f"{st.st_size} bytes")
-            mapping = _ring.Mapping(fd, st.st_size, populate)
-        finally:
+            return cls._checked(name, path, fd, template, steps_per_slot, populate)
+        except BaseException:
             os.close(fd)
+            raise
+
+    @classmethod
+    def _checked(cls, name: str, path: str, fd: int, template, steps_per_slot: int | None, populate: bool) -> "Ring":
+        """The ring of segment ``fd``, once it passes :meth:`attach`'s checks."""
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid():
+            raise AttachError(name, "owner", f"uid {os.getuid()}", f"uid {st.st_uid}")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode != 0o600:
+            raise AttachError(name, "mode", "0o600", oct(mode))
+        if st.st_size < HEADER_SIZE:
+            raise AttachError(name, "size", f"at least {HEADER_SIZE} bytes", f"{st.st_size} bytes")
+        mapping = _ring.Mapping(fd, st.st_size, populate)
         h = np.frombuffer(mapping, HEADER, 1)[0]
         if bytes(h["magic"]) != MAGIC:
             raise AttachError(name, "magic", MAGIC, bytes(h["magic"]))
@@ -236,8 +250,11 @@ class Ring:
         elif steps_per_slot is not None and steps_per_slot != int(h["steps_per_slot"]):
             raise AttachError(name, "layout", f"steps_per_slot={steps_per_slot}",
                               f"steps_per_slot={int(h['steps_per_slot'])}")
+        problem = header_problem(h, st.st_size)
+        if problem:
+            raise AttachError(name, "header", "a consistent ring header", problem)
         del h
-        return cls._new(name, path, mapping, owner=False)
+        return cls._new(name, path, mapping, fd, owner=False)
 
     def _lock(self) -> None:
         err = _mlock(self._map)
@@ -264,9 +281,12 @@ class Ring:
         h = self._header
         return bytes(np.frombuffer(self._map, np.uint8, int(h["layout_len"]), int(h["layout_offset"])))
 
-    def _check_slot(self, i: int) -> int:
+    def _check_open(self) -> None:
         if self._map is None:
             raise ValueError(f"ring {self.name} is closed")
+
+    def _check_slot(self, i: int) -> int:
+        self._check_open()
         if not isinstance(i, (int, np.integer)) or not 0 <= i < self.slots:
             raise IndexError(f"slot {i!r} out of range for a ring of {self.slots} slots")
         return int(i)
@@ -302,8 +322,7 @@ class Ring:
     # hand-off ---------------------------------------------------------------------------------
     def _wait(self, sem: int, what: str, timeout: float | None, check: Callable[[], None] | None,
               spin: float = 0.0) -> None:
-        if self._map is None:
-            raise ValueError(f"ring {self.name} is closed")
+        self._check_open()
         if spin and self._map.sem_wait(sem, spin, spin):
             return
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -384,11 +403,19 @@ class Ring:
         return STATE_NAMES.get(int(t["state"]), str(int(t["state"]))), int(t["seq"])
 
     # liveness ---------------------------------------------------------------------------------
-    def register_worker(self, index: int, pid: int | None = None) -> None:
-        """Records worker ``index``'s pid (this process by default) for :meth:`check_workers`."""
+    def register_worker(self, index: int) -> None:
+        """Registers this process as worker ``index`` for :meth:`check_workers`: it takes the worker's lock
+        (:mod:`infeed.ring.locks`) for as long as this ring stays open here, and records its pid (a hint
+        for messages and ``infeed stats``)."""
         if not 0 <= index < self.max_workers:
             raise IndexError(f"worker {index} out of range for max_workers={self.max_workers}")
-        pid = os.getpid() if pid is None else pid
+        self._check_open()
+        try:
+            locks.hold(self._fd, locks.worker_byte(index))
+        except BlockingIOError:
+            raise InfeedError(f"ring {self.name}: worker {index} is already registered by a live process") from None
+        self._locked_workers.add(index)
+        pid = os.getpid()
         w = self._workers[index]
         w["start_time"], w["beat_ns"], w["batches"] = start_time(pid) or 0, time.monotonic_ns(), 0
         w["pid"] = pid
@@ -402,13 +429,13 @@ class Ring:
                 for k, w in enumerate(self._workers) if w["pid"] > 0]
 
     def check_workers(self) -> None:
-        """Raises :class:`~infeed.WorkerDied` when a registered worker is no longer running."""
-        for w in self._workers:
+        """Raises :class:`~infeed.WorkerDied` when a registered worker no longer holds its lock: it has
+        ended, however (judged by the kernel's locks, so across PID namespaces too)."""
+        self._check_open()
+        for k, w in enumerate(self._workers):
             pid = int(w["pid"])
-            if pid > 0:
-                started = start_time(pid)
-                if started is None or (w["start_time"] and started != int(w["start_time"])):
-                    raise WorkerDied(pid, detail=f"registered with ring {self.name}, no longer running")
+            if pid > 0 and k not in self._locked_workers and not locks.is_held(self._fd, locks.worker_byte(k)):
+                raise WorkerDied(pid, detail=f"worker {k} registered with ring {self.name}, no longer running")
 
     def count_work(self, index: int, batches: int = 0, records: int = 0, nbytes: int = 0,
                    busy_ns: int = 0, wait_ns: int = 0) -> None:
@@ -446,14 +473,16 @@ class Ring:
         return self._u32[HEADER_STOP] != 0
 
     def owner_alive(self) -> bool:
-        """Whether the process that created the ring is still running (a reused pid does not count)."""
-        started = start_time(self.creator_pid)
-        return started is not None and (not self._creator_start or started == self._creator_start)
+        """Whether the process that created the ring still holds it (its lock: whatever PID namespace
+        it runs in, and a reused pid does not count)."""
+        self._check_open()
+        return self.is_owner or locks.is_held(self._fd, locks.CREATOR)
 
     def check_owner(self) -> None:
         """Raises :class:`~infeed.InfeedError` when the ring's creator is gone."""
         if not self.owner_alive():
-            raise InfeedError(f"ring {self.name}: its creator, process {self.creator_pid}, is gone")
+            raise InfeedError(f"ring {self.name}: its creator (process {self.creator_pid} in its own PID "
+                              "namespace) is gone")
 
     # error record -----------------------------------------------------------------------------
     def set_error(self, error: BaseException | str, pid: int | None = None, signal: int | None = None) -> bool:
@@ -497,8 +526,7 @@ class Ring:
     def pin(self) -> bool:
         """Registers the slots with CUDA as pinned host memory in this process, where there is
         a CUDA GPU (see :mod:`infeed.ring.pinning`); True when they are pinned. Undone by :meth:`close`."""
-        if self._map is None:
-            raise ValueError(f"ring {self.name} is closed")
+        self._check_open()
         if not self._pinned:
             from infeed.ring import pinning
 
@@ -526,8 +554,7 @@ class Ring:
             self._pinned = False
         self._map = self._header = self._table = self._workers = self._error = self._q = self._u32 = None
         self._views = [None] * self.slots
-        if self._finalizer is not None:
-            self._finalizer()
+        self._finalizer()                   # closes the segment's descriptor (its locks go), and unlinks it if ours
 
     def __enter__(self) -> "Ring":
         return self

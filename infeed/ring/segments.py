@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from infeed.ring import locks
 from infeed.ring.layout import HEADER, MAGIC
 
 __all__ = ["SHM_DIR", "name_prefix", "create_private", "unlink_owned", "install_sigterm_cleanup", "free_bytes",
@@ -36,8 +37,9 @@ def create_private() -> tuple[str, str, int]:
     """(name, path, fd) of a new empty segment of this user, mode exactly 0600 whatever the umask.
 
     The name holds 128 random bits and an existing file is never reused. The
-    segment is this process's: :func:`unlink_owned` (and ``SIGTERM``, once
-    :func:`install_sigterm_cleanup` ran) removes it.
+    segment is this process's: it holds the creator's lock (:mod:`infeed.ring.locks`)
+    from the first moment, for as long as ``fd`` stays open, and :func:`unlink_owned`
+    (and ``SIGTERM``, once :func:`install_sigterm_cleanup` ran) removes it.
     """
     while True:
         name = f"{name_prefix()}{secrets.token_hex(16)}"
@@ -50,6 +52,7 @@ def create_private() -> tuple[str, str, int]:
     with _OWNED_LOCK:
         _OWNED[path] = os.getpid()
     try:
+        locks.hold(fd, locks.CREATOR)
         os.fchmod(fd, 0o600)
     except BaseException:
         os.close(fd)
@@ -96,46 +99,60 @@ def free_bytes() -> int:
     return st.f_bavail * st.f_frsize
 
 
-def read_own(path: str, size: int) -> tuple[os.stat_result, bytes] | None:
-    """(stat, first ``size`` bytes) of ``path`` when it is a regular file of this user, else None.
-
-    Never follows a symbolic link: ``/dev/shm`` is world-writable, and a link
-    another user planted under our prefix says nothing about what it points to.
-    """
+def _open_own(path: str) -> tuple[int, os.stat_result] | None:
+    """(fd, stat) of ``path`` when it is a regular file of this user, else None. Never follows a symbolic
+    link: ``/dev/shm`` is world-writable, and a link another user planted under our prefix says nothing
+    about what it points to."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:                     # gone, a link (ELOOP), or not ours to open
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            return None
-        return st, os.pread(fd, size, 0)
-    finally:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
         os.close(fd)
+        return None
+    return fd, st
+
+
+def read_own(path: str, size: int) -> bytes | None:
+    """The first ``size`` bytes of ``path`` when it is a regular file of this user (see :func:`_open_own`)."""
+    found = _open_own(path)
+    if found is None:
+        return None
+    try:
+        return os.pread(found[0], size, 0)
+    finally:
+        os.close(found[0])
 
 
 class SegmentCreator(NamedTuple):
-    """Who created a ring's segment, as its header says."""
+    """Who created a ring's segment, as its header and its locks say."""
 
-    #: False when the segment does not start with a ring header of this version (yet).
-    has_header: bool
-    #: The creator's pid; 0 while the creator has not written it (it writes the magic first).
+    #: The header's version; 0 when the segment does not start with a ring header (yet).
+    version: int
+    #: The creator's pid in its own PID namespace (a hint for messages); 0 while not written yet.
     pid: int
     #: The creator's start time (clock ticks since boot), 0 when unknown: tells a reused pid apart.
     start_time: int
     #: Seconds since the segment was last modified.
     age: float
+    #: Whether a live process holds the creator's lock (:mod:`infeed.ring.locks`), in any PID namespace.
+    locked: bool
 
 
 def read_creator(path: str) -> SegmentCreator | None:
-    """The creator recorded in the ring segment at ``path``; None unless it is a regular file of this user."""
-    found = read_own(path, HEADER.itemsize)
+    """The creator of the ring segment at ``path``; None unless it is a regular file of this user."""
+    found = _open_own(path)
     if found is None:
         return None
-    st, raw = found
+    fd, st = found
+    try:
+        raw = os.pread(fd, HEADER.itemsize, 0)
+        locked = locks.is_held(fd, locks.CREATOR)
+    finally:
+        os.close(fd)
     age = time.time() - st.st_mtime
     if len(raw) < HEADER.itemsize or raw[:8] != MAGIC:
-        return SegmentCreator(False, 0, 0, age)
+        return SegmentCreator(0, 0, 0, age, locked)
     h = np.frombuffer(raw, HEADER, 1)[0]
-    return SegmentCreator(True, int(h["creator_pid"]), int(h["creator_start"]), age)
+    return SegmentCreator(int(h["version"]), int(h["creator_pid"]), int(h["creator_start"]), age, locked)

@@ -18,7 +18,7 @@ import infeed
 from infeed.example.spec import Bytes, FixedLen, Padded, VarLen
 from infeed.ring import Ring
 from infeed.ring import ring as ring_mod
-from infeed.ring.layout import ERROR_PAYLOAD, layout_of
+from infeed.ring.layout import ERROR_PAYLOAD, HEADER, layout_of
 from infeed.ring.processes import watch_processes
 from infeed.ring.segments import SHM_DIR
 
@@ -327,7 +327,8 @@ def test_fifty_cycles_leave_no_segment_and_no_descriptor():
             r.slot_arrays(0)["x"][:] = 1
             with Ring.attach(r.name) as other:
                 other.slot_arrays(1)
-                assert _segment_fds() == []  # no descriptor is kept once mapped
+                assert _segment_fds() == [r.path, r.path]  # one per open ring: it holds the ring's locks
+            assert _segment_fds() == [r.path]
     assert _segments() == before and _segment_fds() == []
 
 
@@ -419,3 +420,18 @@ def test_closing_the_ring_wakes_a_thread_waiting_on_it_with_an_error():
     waiter.join(5)
     assert not waiter.is_alive()
     assert isinstance(caught[0], infeed.InfeedError) and "closed while waiting" in str(caught[0])
+
+
+@pytest.mark.parametrize("field, value", [("table_offset", 10**12), ("slots", 0), ("data_offset", 3)])
+def test_a_damaged_header_is_an_attach_error_naming_the_field_not_numpys(field, value):
+    with Ring.create(_template(), slots=2, lock_memory=False) as r:
+        h = np.frombuffer(r._map, HEADER, 1)[0]
+        saved = int(h[field])
+        h[field] = value
+        try:
+            with pytest.raises(infeed.AttachError) as info:
+                Ring.attach(r.name)
+        finally:
+            h[field] = saved
+        assert info.value.check == "header"
+        assert _segment_fds() == [r.path]                  # the refused attach left no descriptor open
