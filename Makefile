@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test bench fuzz asan clean
+.PHONY: demo test bench soak fuzz asan clean
 
 $(STAMP): setup.py pyproject.toml $(wildcard infeed/*/*.pyx infeed/*/*.pxd infeed/*/*.h infeed/tfrecord/_crc32c.c)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench all
+
+# The daemon and its rings under load for SOAK_SECONDS (default 180) from SOAK_CLIENTS processes (default 3):
+# daemons started and closed, workers and servers killed, attach/detach, gc all along (not part of make test).
+soak: $(STAMP)
+	$(BIN)/python tests/soak/soak_daemon.py
 
 fuzz: $(STAMP)
 	$(BIN)/python -m pip install -q 'atheris>=2.3,<4'

@@ -59,5 +59,5 @@ def run_two_processes():
     return run
 
 
-# The atheris harness is a program, not a test module (and needs atheris): keep --doctest-modules out of it.
-collect_ignore = ["fuzz/fuzz_infeed.py"]
+# The atheris harness and the soak are programs, not test modules: keep --doctest-modules out of them.
+collect_ignore = ["fuzz/fuzz_infeed.py", "soak/soak_daemon.py"]

@@ -19,15 +19,13 @@ import numpy as np
 from infeed.example.spec import Padded
 from infeed.ring import _ring
 
-__all__ = ["MAGIC", "VERSION", "LOCKED_SINCE", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
+__all__ = ["MAGIC", "VERSION", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
            "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "HEADER_WORDS", "HEADER_STOP", "SegmentPlan", "align",
            "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan", "header_problem"]
 
 MAGIC = b"INFEEDRB"
 #: 3: the creator and the workers hold locks (:mod:`infeed.ring.locks`); liveness no longer reads pids.
 VERSION = 3
-#: The first layout version whose creators hold locks.
-LOCKED_SINCE = 3
 #: The header's ``state`` once the creator has written everything: attachers refuse a ring before that.
 READY = 1
 ALIGN = 64

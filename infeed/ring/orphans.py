@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import os
 
-from infeed.ring.layout import LOCKED_SINCE
+from infeed.ring.layout import VERSION
 from infeed.ring.names import alias_target, is_names_dir, private_dir_problem
-from infeed.ring.processes import start_time
 from infeed.ring.segments import SHM_DIR, name_prefix, read_creator
 
 __all__ = ["CREATION_GRACE", "ring_is_orphan", "orphans", "collect"]
@@ -26,18 +25,16 @@ def ring_is_orphan(path: str) -> bool:
     """Whether the ring segment at ``path`` is this user's and its creator is gone (or never finished it).
 
     A creator holds its ring's lock (:mod:`infeed.ring.locks`) from the moment the file exists: a held
-    lock means a live creator, in whatever PID namespace it runs. Rings of infeed before layout
-    version 3 hold no lock and are judged by their creator's pid and start time, as they were.
+    lock means a live creator, in whatever PID namespace it runs. A ring of another layout version is
+    never taken: its creator may judge liveness otherwise (before version 3, by a pid that another PID
+    namespace cannot see), and the infeed that made it collects it.
     """
     creator = read_creator(path)
     if creator is None or creator.locked:
         return False
     if not creator.version or creator.pid <= 0:        # a file that is no ring (yet), or a ring in creation
         return creator.age > CREATION_GRACE
-    if creator.version < LOCKED_SINCE:
-        now = start_time(creator.pid)
-        return now is None or (bool(creator.start_time) and now != creator.start_time)
-    return True
+    return creator.version == VERSION
 
 
 def orphans() -> list[str]:

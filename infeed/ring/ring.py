@@ -106,7 +106,6 @@ class Ring:
         self.max_workers = int(h["max_workers"])
         self.size = int(h["total_size"])
         self.creator_pid = int(h["creator_pid"])
-        self._creator_start = int(h["creator_start"])
         self._data = int(h["data_offset"])
         self._sems = int(h["sem_offset"])
         self._table = np.frombuffer(mapping, SLOT, self.slots, int(h["table_offset"]))

@@ -132,8 +132,6 @@ class SegmentCreator(NamedTuple):
     version: int
     #: The creator's pid in its own PID namespace (a hint for messages); 0 while not written yet.
     pid: int
-    #: The creator's start time (clock ticks since boot), 0 when unknown: tells a reused pid apart.
-    start_time: int
     #: Seconds since the segment was last modified.
     age: float
     #: Whether a live process holds the creator's lock (:mod:`infeed.ring.locks`), in any PID namespace.
@@ -153,6 +151,6 @@ def read_creator(path: str) -> SegmentCreator | None:
         os.close(fd)
     age = time.time() - st.st_mtime
     if len(raw) < HEADER.itemsize or raw[:8] != MAGIC:
-        return SegmentCreator(0, 0, 0, age, locked)
+        return SegmentCreator(0, 0, age, locked)
     h = np.frombuffer(raw, HEADER, 1)[0]
-    return SegmentCreator(int(h["version"]), int(h["creator_pid"]), int(h["creator_start"]), age, locked)
+    return SegmentCreator(int(h["version"]), int(h["creator_pid"]), age, locked)
