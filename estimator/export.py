@@ -90,7 +90,8 @@ from jax import export as jax_export
 
 from estimator.errors import (ArgumentTypeError, CorruptExportError, ExportExistsError, ExportIntegrityError,
                               InputError, InvalidArgumentError, MissingDependencyError, ModelFnError, NotAnExportError)
-from estimator.export_integrity import SIGNATURE, check_listing, file_digests, open_checked, open_regular
+from estimator.export_integrity import (SHA256_HEX, SIGNATURE, check_listing, file_digests, open_checked,
+                                        open_regular)
 
 FORMAT = "estimator.export"
 FORMAT_VERSION = 1
@@ -247,7 +248,7 @@ class LoadedModel:
     def __init__(self, directory, *, verify: bool = True, expected_digest: str | None = None):
         directory = os.fspath(directory)
         if expected_digest is not None and not (verify and isinstance(expected_digest, str)
-                                                and re.fullmatch(r"[0-9a-f]{64}", expected_digest)):
+                                                and SHA256_HEX.fullmatch(expected_digest)):
             raise InvalidArgumentError(f"expected_digest {expected_digest!r} must be the 64 lowercase hex digits "
                                        "of export_digest(), with verify=True")
         self.signature, self.digest, files = _open_export(directory, verify, expected_digest)

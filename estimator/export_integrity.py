@@ -26,11 +26,11 @@ import stat
 
 from estimator.errors import CorruptExportError, ExportIntegrityError
 
-__all__ = ["SIGNATURE", "open_regular", "open_checked", "file_digests", "check_listing", "export_digest"]
+__all__ = ["SIGNATURE", "SHA256_HEX", "open_regular", "open_checked", "file_digests", "check_listing", "export_digest"]
 
 SIGNATURE = "signature.json"
 _CHUNK = 1 << 20
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")      # how a digest is written: 64 lowercase hex digits
 _KINDS = {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
           stat.S_IFSOCK: "socket", stat.S_IFDIR: "directory"}
 
@@ -110,7 +110,7 @@ def check_listing(directory: str, signature: dict, required: tuple[str, ...]) ->
     files = signature["files"]
     if not (isinstance(files, dict) and all(
             isinstance(e, dict) and type(e.get("size")) is int and e["size"] >= 0
-            and isinstance(e.get("sha256"), str) and _SHA256.fullmatch(e["sha256"]) for e in files.values())):
+            and isinstance(e.get("sha256"), str) and SHA256_HEX.fullmatch(e["sha256"]) for e in files.values())):
         raise ExportIntegrityError(directory, path, "its file digests are not {name: {size, sha256}}")
     for name in required:
         if name not in files:
