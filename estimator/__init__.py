@@ -8,17 +8,19 @@
 from estimator import metrics
 from estimator.config import RunConfig
 from estimator.errors import (ArgumentTypeError, CheckpointMismatchError, CheckpointSaveError, CorruptCheckpointError,
-                              CorruptExportError, CorruptSummaryError, EstimatorError, ExportExistsError, InputError,
-                              InvalidArgumentError, MissingDependencyError, ModelFnError, NoCheckpointError,
-                              NonFiniteError, NotAnExportError, StepRngError)
+                              CorruptExportError, CorruptSummaryError, EstimatorError, ExportExistsError,
+                              ExportIntegrityError, InputError, InvalidArgumentError, MissingDependencyError,
+                              ModelFnError, NoCheckpointError, NonFiniteError, NotAnExportError, StepRngError)
 from estimator.estimator import Estimator
 from estimator.export import LoadedModel, TensorSpec, load_exported
+from estimator.export_integrity import export_digest
 from estimator.spec import EstimatorSpec, ModeKeys
 from estimator.steps import step_rng
 from estimator.training import EvalSpec, TrainSpec, train_and_evaluate
 
 __all__ = ["ArgumentTypeError", "CheckpointMismatchError", "CheckpointSaveError", "CorruptCheckpointError",
            "CorruptExportError", "CorruptSummaryError", "Estimator", "EstimatorError", "EstimatorSpec", "EvalSpec",
-           "ExportExistsError", "InputError", "InvalidArgumentError", "LoadedModel", "MissingDependencyError",
-           "ModeKeys", "ModelFnError", "NoCheckpointError", "NonFiniteError", "NotAnExportError", "RunConfig",
-           "StepRngError", "TensorSpec", "TrainSpec", "load_exported", "metrics", "step_rng", "train_and_evaluate"]
+           "ExportExistsError", "ExportIntegrityError", "InputError", "InvalidArgumentError", "LoadedModel",
+           "MissingDependencyError", "ModeKeys", "ModelFnError", "NoCheckpointError", "NonFiniteError",
+           "NotAnExportError", "RunConfig", "StepRngError", "TensorSpec", "TrainSpec", "export_digest", "load_exported",
+           "metrics", "step_rng", "train_and_evaluate"]

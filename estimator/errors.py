@@ -20,7 +20,7 @@ from __future__ import annotations
 __all__ = ["EstimatorError", "InvalidArgumentError", "ArgumentTypeError", "ModelFnError", "InputError",
            "StepRngError", "NonFiniteError", "NoCheckpointError", "CheckpointMismatchError",
            "CorruptCheckpointError", "CheckpointSaveError", "ExportExistsError", "NotAnExportError",
-           "CorruptExportError", "MissingDependencyError", "CorruptSummaryError"]
+           "CorruptExportError", "ExportIntegrityError", "MissingDependencyError", "CorruptSummaryError"]
 
 
 class EstimatorError(Exception):
@@ -113,6 +113,17 @@ class CorruptExportError(EstimatorError, ValueError):
     def __init__(self, path: str, reason: str):
         super().__init__(f"refusing to load the export file {path}: {reason}")
         self.path, self.reason = path, reason
+
+
+class ExportIntegrityError(CorruptExportError):
+    """The export ``export`` cannot be shown to be what :func:`export_model` wrote: its ``signature.json``
+    lists no file digests or an unparsable list, a file of the export is not listed, a listed file is
+    absent (``path`` names it), or ``signature.json``'s SHA-256 is not the ``expected_digest`` given to
+    ``load_exported``. Nothing of it was loaded or run."""
+
+    def __init__(self, export: str, path: str, reason: str):
+        super().__init__(path, reason)
+        self.export = export
 
 
 class MissingDependencyError(EstimatorError, ImportError):

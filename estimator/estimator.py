@@ -31,6 +31,7 @@ from estimator.config import RunConfig
 from estimator.errors import ArgumentTypeError, InputError, InvalidArgumentError, ModelFnError, NoCheckpointError
 from estimator.eval_totals import EvalTotals
 from estimator.export import export_model
+from estimator.export_integrity import export_digest
 from estimator.inputs import Input, fetch, local_part, split_batch
 from estimator.progress import batch_bar
 from estimator.spec import EstimatorSpec, ModeKeys
@@ -331,6 +332,7 @@ class Estimator:
         :mod:`estimator.export`), loadable with :func:`estimator.load_exported`
         without the model's code. ``serving_features``: ``{name: TensorSpec}``,
         ``None`` for the batch dimension. A step already exported is refused.
+        The export's digest (:func:`estimator.export_digest`) is logged, to pin.
         """
         variables = self._variables()
         if variables is None:
@@ -346,7 +348,8 @@ class Estimator:
         path = os.path.join(os.fspath(export_dir), str(self.global_step()))
         path = export_model(predict_fn, jax.device_get(variables), serving_features, path, platforms=platforms,
                             saved_model=saved_model)
-        _log.info("exported step %d to %s", self.global_step(), path)
+        _log.info("exported step %d to %s (export_digest %s: pin it to load_exported(expected_digest=...))",
+                  self.global_step(), path, export_digest(path))
         return path
 
     # --- state ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ once with :mod:`jax.export` and writes a directory that
     the format version, the feature specs, the outputs' shapes and dtypes
     (symbolic dimensions as strings, such as ``"batch"``), every variable's
     key path, shape and dtype, the JAX version, the platforms, the time, and
-    the size and SHA-256 of the two files above.
+    the size and SHA-256 of every other file of the export (``files``).
 
 **Loading runs no code from the directory.** :func:`load_exported` reads
 JSON, the flatbuffer of ``jax.export`` and ``.npy`` arrays, never pickle.
@@ -23,8 +23,17 @@ Before it parses anything it checks the signature (its name, dtypes and
 variables) and each file's size and SHA-256 against it: a file that was
 changed, cut short, replaced (say, by a pickle), an array stored as Python
 objects, or an array whose shape or dtype differ from the signature raises
-:class:`CorruptExportError` naming the file. (Exports written before the
-digests were recorded are checked for all but them.)
+:class:`CorruptExportError` naming the file; a signature without the list
+of digests, or a list that misses a file or names one that is absent,
+raises :class:`ExportIntegrityError`. ``verify=False`` skips the digests
+(for exports written before they were recorded); the other checks stay.
+What the digests protect against, and the one digest of the whole export to
+pin (``expected_digest``): :mod:`estimator.export_integrity`.
+
+Memory stays bounded by the files' real sizes whatever they declare: only
+regular files are read (never a symbolic link, a FIFO or a device), and an
+array whose header declares more bytes than its ``.npz`` member holds is
+refused before it is allocated.
 
 Shapes: a ``None`` dimension of a :class:`TensorSpec` is symbolic. The first
 ``None`` of every feature is the one shared batch dimension ``batch``, so all
@@ -64,9 +73,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import io
 import json
-import logging
+import math
 import os
 import re
 import shutil
@@ -80,8 +88,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from estimator.errors import (ArgumentTypeError, CorruptExportError, ExportExistsError, InputError,
-                              InvalidArgumentError, MissingDependencyError, ModelFnError, NotAnExportError)
+from estimator.errors import (ArgumentTypeError, CorruptExportError, ExportExistsError, ExportIntegrityError,
+                              InputError, InvalidArgumentError, MissingDependencyError, ModelFnError, NotAnExportError)
+from estimator.export_integrity import (SHA256_HEX, SIGNATURE, check_listing, file_digests, open_checked,
+                                        open_regular)
 
 FORMAT = "estimator.export"
 FORMAT_VERSION = 1
@@ -89,11 +99,9 @@ BATCH = "batch"
 
 __all__ = ["LoadedModel", "TensorSpec", "export_model", "load_exported"]
 
-logger = logging.getLogger(__name__)
-
-_NAME = re.compile(r"[\w.-]+")
+_NAME = re.compile(r"\w[\w.-]{0,99}")     # a plain file name: no path, not hidden, not "." or ".."
+_NAME_RULE = "a plain file name (a letter, digit or _, then at most 99 of those, '.' or '-')"
 VARIABLES = "variables.npz"
-SIGNATURE = "signature.json"
 
 
 @dataclass(frozen=True)
@@ -146,7 +154,7 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
     if not serving_features or not all(isinstance(s, TensorSpec) for s in serving_features.values()):
         raise ArgumentTypeError("serving_features must be a non-empty dict of feature name -> TensorSpec")
     if not _NAME.fullmatch(name):
-        raise InvalidArgumentError(f"export name {name!r} must be a plain file name")
+        raise InvalidArgumentError(f"export name {name!r} must be {_NAME_RULE}")
     directory = os.path.abspath(os.fspath(directory))
     if os.path.exists(directory) and not (os.path.isdir(directory) and (overwrite or not os.listdir(directory))):
         raise ExportExistsError(f"{directory} already exists and is not an empty directory "
@@ -191,15 +199,11 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
             f.write(exported.serialize())
         with open(os.path.join(tmp, VARIABLES), "wb") as f:
             np.savez(f, allow_pickle=False, **dict(zip(keys, leaves)))
-        signature["files"] = {}
-        for file in (f"{name}.jaxexport", VARIABLES):
-            with open(os.path.join(tmp, file), "rb") as f:
-                data = f.read()
-            signature["files"][file] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        with open(os.path.join(tmp, SIGNATURE), "w") as f:
-            json.dump(signature, f, indent=2)
         if saved_model:
             _write_saved_model(os.path.join(tmp, "saved_model"), flat_predict, leaves, shapes, serving_features, platforms)
+        signature["files"] = file_digests(tmp)
+        with open(os.path.join(tmp, SIGNATURE), "w") as f:
+            json.dump(signature, f, indent=2)
         if os.path.isdir(directory) and os.listdir(directory):  # overwrite: move the old export aside, then swap
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old-", dir=parent)
             os.replace(directory, old)
@@ -236,20 +240,29 @@ def _write_saved_model(path, flat_predict, leaves, shapes, serving_features, pla
 class LoadedModel:
     """An exported predict function, callable on any batch size: ``model(features) -> dict of numpy arrays``.
 
-    ``signature`` is ``signature.json``; ``variables`` the exported variables as nested dicts of numpy
-    arrays; ``exported`` the :class:`jax.export.Exported`, which can also be called inside other JAX code.
+    ``signature`` is ``signature.json``; ``digest`` its SHA-256 (see :func:`estimator.export_digest`);
+    ``variables`` the exported variables as nested dicts of numpy arrays; ``exported`` the
+    :class:`jax.export.Exported`, which can also be called inside other JAX code.
     """
 
-    def __init__(self, directory):
+    def __init__(self, directory, *, verify: bool = True, expected_digest: str | None = None):
         directory = os.fspath(directory)
-        self.signature = _read_signature(directory)
-        program = os.path.join(directory, f"{self.signature['name']}.jaxexport")
-        data = _read_checked(program, self.signature)
+        if expected_digest is not None and not (verify and isinstance(expected_digest, str)
+                                                and SHA256_HEX.fullmatch(expected_digest)):
+            raise InvalidArgumentError(f"expected_digest {expected_digest!r} must be the 64 lowercase hex digits "
+                                       "of export_digest(), with verify=True")
+        self.signature, self.digest, files = _open_export(directory, verify, expected_digest)
+        program = f"{self.signature['name']}.jaxexport"
+        for name in sorted(files.keys() - {program, VARIABLES}):     # saved_model/: checked, never read here
+            open_checked(os.path.join(directory, name), files[name]).close()
+        path = os.path.join(directory, program)
+        with open_checked(path, files.get(program)) as f:
+            data = f.read()
         try:
             self.exported = jax_export.deserialize(bytearray(data))
         except Exception as e:
-            raise CorruptExportError(program, f"not a jax.export serialization ({type(e).__name__}: {e})") from None
-        leaves = _read_leaves(directory, self.signature)
+            raise CorruptExportError(path, f"not a jax.export serialization ({type(e).__name__}: {e})") from None
+        leaves = _read_leaves(directory, self.signature, files.get(VARIABLES))
         self._leaves = jax.device_put(leaves)
         self._call = jax.jit(self.exported.call)
         self.variables = _nest([v["path"] for v in self.signature["variables"]], leaves)
@@ -283,14 +296,27 @@ class LoadedModel:
         return {k: np.asarray(v) for k, v in self._call(self._leaves, arrays).items()}
 
 
-def _read_signature(directory: str) -> dict:
-    """``signature.json``, checked: its format, a plain program name, plain array dtypes, a list of variables."""
+def _open_export(directory: str, verify: bool, expected_digest: str | None) -> tuple[dict, str, dict]:
+    """``signature.json`` checked (against ``expected_digest`` first, if given), its SHA-256, and with
+    ``verify`` its file digests, checked to list exactly the export's files (else ``{}``)."""
     path = os.path.join(directory, SIGNATURE)
+    if not os.path.lexists(path):
+        raise NotAnExportError(f"{directory} is not an export: it has no {SIGNATURE}")
+    with open_regular(path) as f:
+        data = f.read()
+    digest = hashlib.sha256(data).hexdigest()
+    if expected_digest is not None and digest != expected_digest:
+        raise ExportIntegrityError(directory, path, f"its SHA-256 is {digest}, not the expected {expected_digest}: "
+                                   "the export was changed since that digest was taken")
+    signature = _parse_signature(directory, path, data)
+    files = check_listing(directory, signature, (f"{signature['name']}.jaxexport", VARIABLES)) if verify else {}
+    return signature, digest, files
+
+
+def _parse_signature(directory: str, path: str, data: bytes) -> dict:
+    """``signature.json`` parsed and checked: its format, a plain program name, plain array dtypes, a list of variables."""
     try:
-        with open(path, "rb") as f:
-            signature = json.loads(f.read())
-    except FileNotFoundError:
-        raise NotAnExportError(f"{directory} is not an export: it has no {SIGNATURE}") from None
+        signature = json.loads(data)
     except ValueError as e:
         raise CorruptExportError(path, f"not JSON ({e})") from None
     if not isinstance(signature, dict) or signature.get("format") != FORMAT \
@@ -298,7 +324,7 @@ def _read_signature(directory: str) -> dict:
         raise NotAnExportError(f"{directory} is not an {FORMAT} directory of version {FORMAT_VERSION}")
     try:
         if not (isinstance(signature["name"], str) and _NAME.fullmatch(signature["name"])):
-            raise ValueError(f"name {signature['name']!r} is not a plain file name")
+            raise ValueError(f"name {signature['name']!r} is not {_NAME_RULE}")
         specs = [(f"variable {v['key']!r}", v["dtype"], v["shape"]) for v in signature["variables"]]
         specs += [(f"feature {n!r}", spec["dtype"], spec["shape"]) for n, spec in signature["features"].items()]
         for what, dtype, shape in specs:
@@ -306,14 +332,8 @@ def _read_signature(directory: str) -> dict:
                 raise ValueError(f"{what} has dtype {dtype!r} and shape {shape!r}")
             if _plain_dtype(dtype) is None:
                 raise ValueError(f"{what} has dtype {dtype!r}, not a numeric or boolean array dtype")
-        files = signature.get("files", {})
-        if not (isinstance(files, dict) and all(isinstance(e, dict) and isinstance(e.get("size"), int)
-                                                and isinstance(e.get("sha256"), str) for e in files.values())):
-            raise ValueError("its file digests are not {name: {size, sha256}}")
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise CorruptExportError(path, f"not a valid signature ({type(e).__name__}: {e})") from None
-    if "files" not in signature:
-        logger.warning("%s records no file digests (written before they were): its files are not checked", path)
     return signature
 
 
@@ -328,45 +348,48 @@ def _plain_dtype(name: str):
     return dtype
 
 
-def _read_checked(path: str, signature: dict) -> bytes:
-    """The bytes of an export file, refused unless their size and SHA-256 are those the signature records."""
-    with open(path, "rb") as f:
-        data = f.read()
-    expected = signature.get("files", {}).get(os.path.basename(path))
-    if expected is None:
-        if "files" in signature:
-            raise CorruptExportError(path, "the signature records no digest for it")
-        return data
-    if len(data) != expected["size"]:
-        raise CorruptExportError(path, f"it has {len(data)} bytes, {expected['size']} were exported")
-    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
-        raise CorruptExportError(path, "its SHA-256 differs from the one recorded when it was exported")
-    return data
-
-
-def _read_leaves(directory: str, signature: dict) -> list[np.ndarray]:
-    """The exported variables' leaves in signature order, read without pickle and checked against the signature."""
+def _read_leaves(directory: str, signature: dict, digest: dict | None) -> list[np.ndarray]:
+    """The exported variables' leaves in signature order, read without pickle, one ``.npz`` member at a time,
+    after the file's ``digest`` (``{"size", "sha256"}``) if given."""
     path = os.path.join(directory, VARIABLES)
-    data = _read_checked(path, signature)
-    if not data.startswith(b"PK"):
-        raise CorruptExportError(path, "not an .npz archive" + (
-            ": it is a pickle, and pickles are never loaded" if data[:1] == b"\x80" else ""))
-    leaves = []
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            for v in signature["variables"]:
-                stored, dtype = npz[v["key"]], _plain_dtype(v["dtype"])
-                # bfloat16 and other ml_dtypes come back as raw void bytes: view them as the recorded dtype
-                if stored.dtype != dtype and not (stored.dtype.kind == "V" and stored.dtype.itemsize == dtype.itemsize
-                                                  and stored.dtype.names is None):
-                    raise ValueError(f"{v['key']} is stored as {stored.dtype}, the signature says {dtype}")
-                leaf = stored.view(dtype)
-                if list(leaf.shape) != v["shape"]:
-                    raise ValueError(f"{v['key']} has shape {list(leaf.shape)}, the signature says {v['shape']}")
-                leaves.append(leaf)
-    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise CorruptExportError(path, f"not the exported variables ({type(e).__name__}: {e})") from None
-    return leaves
+    with open_checked(path, digest) as f:
+        if (head := f.read(2)) != b"PK":
+            raise CorruptExportError(path, "not an .npz archive" + (
+                ": it is a pickle, and pickles are never loaded" if head[:1] == b"\x80" else ""))
+        f.seek(0)
+        try:
+            with zipfile.ZipFile(f) as npz:
+                return [_read_leaf(npz, v, os.fstat(f.fileno()).st_size) for v in signature["variables"]]
+        except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as e:
+            raise CorruptExportError(path, f"not the exported variables ({type(e).__name__}: {e})") from None
+
+
+def _read_leaf(npz: zipfile.ZipFile, variable: dict, file_size: int) -> np.ndarray:
+    """One variable, its ``.npy`` header checked against the signature and against the bytes its member really
+    holds before the array is allocated: an archive that declares more than it holds is never read."""
+    key, dtype, shape = variable["key"], _plain_dtype(variable["dtype"]), variable["shape"]
+    info = npz.getinfo(f"{key}.npy")
+    if info.compress_type != zipfile.ZIP_STORED or not info.file_size == info.compress_size <= file_size:
+        raise ValueError(f"{key} is compressed, or declares more bytes ({info.file_size}) than the file has")
+    with npz.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"{key} is an .npy file of version {version}, not 1.0 or 2.0")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        stored_shape, _, stored = read_header(member)
+        if stored.hasobject:
+            raise ValueError(f"{key} holds Python objects, which only a pickle could load, and pickles are never loaded")
+        # bfloat16 and other ml_dtypes are stored as raw void bytes: they are viewed as the recorded dtype
+        if stored != dtype and not (stored.kind == "V" and stored.itemsize == dtype.itemsize
+                                    and stored.names is None and stored.subdtype is None):
+            raise ValueError(f"{key} is stored as {stored}, the signature says {dtype}")
+        if list(stored_shape) != shape:
+            raise ValueError(f"{key} has shape {list(stored_shape)}, the signature says {shape}")
+        declared, held = math.prod(stored_shape) * stored.itemsize, info.file_size - member.tell()
+        if declared != held:
+            raise ValueError(f"{key} declares {declared} bytes ({stored}{list(stored_shape)}), its member holds {held}")
+        member.seek(0)
+        return np.lib.format.read_array(member, allow_pickle=False).view(dtype)
 
 
 def is_export(directory) -> bool:
@@ -376,10 +399,10 @@ def is_export(directory) -> bool:
 
 def read_exported_variables(directory):
     """An export's variables as nested dicts of numpy arrays (see :attr:`LoadedModel.variables`),
-    without loading its program."""
+    without loading its program; its list of digests and the variables' digest are checked."""
     directory = os.fspath(directory)
-    signature = _read_signature(directory)
-    return _nest([v["path"] for v in signature["variables"]], _read_leaves(directory, signature))
+    signature, _, files = _open_export(directory, True, None)
+    return _nest([v["path"] for v in signature["variables"]], _read_leaves(directory, signature, files[VARIABLES]))
 
 
 def _show(shape) -> str:
@@ -399,9 +422,14 @@ def _nest(paths, leaves):
     return root
 
 
-def load_exported(directory) -> LoadedModel:
+def load_exported(directory, *, verify: bool = True, expected_digest: str | None = None) -> LoadedModel:
     """Load an :func:`export_model` directory; needs neither the model's code nor pickle.
 
-    A file that differs from what was exported is refused with :class:`CorruptExportError` naming it.
+    A file that differs from what was exported is refused with :class:`CorruptExportError` naming it; an
+    export whose ``signature.json`` lists no digests, or not every file, with :class:`ExportIntegrityError`.
+    ``verify=False`` skips the digest checks (an export written before they were recorded); the checks
+    that keep pickles out and memory bounded stay. ``expected_digest``: the :func:`estimator.export_digest`
+    taken at export and kept apart from the files; a ``signature.json`` of another SHA-256 is
+    :class:`ExportIntegrityError`, which makes an export rewritten with a matching list an error too.
     """
-    return LoadedModel(directory)
+    return LoadedModel(directory, verify=verify, expected_digest=expected_digest)

@@ -25,6 +25,7 @@ BUILTINS = {
     "ExportExistsError": (FileExistsError,),
     "NotAnExportError": (FileNotFoundError, ValueError),
     "CorruptExportError": (ValueError,),
+    "ExportIntegrityError": (ValueError,),
     "MissingDependencyError": (ImportError,),
     "CorruptSummaryError": (ValueError,),
 }
@@ -52,6 +53,10 @@ def test_the_errors_with_attributes_keep_their_signatures():
     export = est.CorruptExportError("/e/variables.npz", "not an .npz archive")
     assert (export.path, export.reason) == ("/e/variables.npz", "not an .npz archive")
     assert str(export) == "refusing to load the export file /e/variables.npz: not an .npz archive"
+    integrity = est.ExportIntegrityError("/e", "/e/signature.json", "it lists no file digests")
+    assert isinstance(integrity, est.CorruptExportError)
+    assert (integrity.export, integrity.path, integrity.reason) == ("/e", "/e/signature.json", "it lists no file digests")
+    assert str(integrity) == "refusing to load the export file /e/signature.json: it lists no file digests"
 
 
 def init_fn(rng, features):

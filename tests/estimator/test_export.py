@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from estimator.errors import InvalidArgumentError
 from estimator.export import TensorSpec, export_model, load_exported
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,6 +132,13 @@ def test_refuses_to_overwrite_unless_asked(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["e"]  # no temporary directory left behind
     (tmp_path / "empty").mkdir()
     export_model(fn, np.float32(1), spec, tmp_path / "empty", platforms=("cpu",))  # an empty directory is fine
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "", "a" * 300])
+def test_an_export_name_that_is_not_a_plain_file_name_is_an_invalid_argument_error(tmp_path, name):
+    with pytest.raises(InvalidArgumentError, match=re.escape(f"export name {name!r} must be a plain file name")):
+        export_model(lambda v, f: {"y": f["x"]}, {}, {"x": TensorSpec((None,), "int32")}, tmp_path / "e", name=name)
+    assert os.listdir(tmp_path) == []
 
 
 def test_other_dtypes_extra_symbolic_dims_and_several_platforms(tmp_path):

@@ -1,8 +1,12 @@
 """Issue 8, exports: ``load_exported`` never unpickles, and refuses a tampered or pickle-carrying export
-with an error naming the file, before any of it is parsed, let alone run."""
+with an error naming the file, before any of it is parsed, let alone run; an export without a complete
+list of digests, or not the one pinned by ``expected_digest``, is refused; memory stays bounded whatever
+an export declares."""
 
 import hashlib
+import io
 import json
+import os
 import pickle
 import re
 import subprocess
@@ -13,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from estimator.errors import CorruptExportError
+from estimator.errors import CorruptExportError, ExportIntegrityError, InvalidArgumentError
 from estimator.export import TensorSpec, export_model, load_exported
+from estimator.export_integrity import export_digest
 from estimator.warm_start import warm_start
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +57,7 @@ def _armed(payload_file: Path, marker: Path) -> None:
 
 
 def _without_digests(export: Path) -> None:
-    """Makes ``export`` look written before the file digests: only the deeper checks stand."""
+    """Makes ``export`` look written before the file digests: refused unless loaded with verify=False."""
     signature = json.loads((export / "signature.json").read_text())
     del signature["files"]
     (export / "signature.json").write_text(json.dumps(signature))
@@ -74,7 +79,7 @@ def _pickled_npz(path: Path, marker: Path) -> None:
         np.savez(f, **{"['b']": objects, "['w']": objects})
 
 
-@pytest.mark.parametrize("digests", ["recorded", "absent", "forged"])
+@pytest.mark.parametrize("digests", ["recorded", "absent, verify=False", "forged"])
 @pytest.mark.parametrize("plant", ["variables.npz is a pickle", "variables.npz holds object arrays",
                                    "predict.jaxexport is a pickle"])
 def test_a_pickle_planted_in_an_export_is_refused_naming_the_file_and_never_runs(export, tmp_path, plant, digests):
@@ -88,14 +93,15 @@ def test_a_pickle_planted_in_an_export_is_refused_naming_the_file_and_never_runs
     else:
         target.write_bytes(pickle.dumps(_Payload(marker)))
         _armed(target, marker)
-    if digests == "absent":
+    loads = [load_exported] + ([lambda path: warm_start(str(path), VARIABLES)]   # it reads the variables alone
+                               if target.name == "variables.npz" else [])
+    if digests == "absent, verify=False":
         _without_digests(export)
+        loads = [lambda path: load_exported(path, verify=False)]
     elif digests == "forged":
         _redigest(export, target.name)
 
-    for load in (load_exported, lambda path: warm_start(str(path), VARIABLES)):
-        if load is not load_exported and target.name != "variables.npz":
-            continue                                          # warm start reads the variables alone
+    for load in loads:
         with pytest.raises(CorruptExportError) as error:
             load(export)
         assert error.value.path == str(target) and str(target) in str(error.value)
@@ -105,7 +111,8 @@ def test_a_pickle_planted_in_an_export_is_refused_naming_the_file_and_never_runs
     elif plant == "variables.npz is a pickle":
         assert error.value.reason == "not an .npz archive: it is a pickle, and pickles are never loaded"
     elif target.name == "variables.npz":
-        assert "Object arrays cannot be loaded when allow_pickle=False" in error.value.reason
+        assert "holds Python objects, which only a pickle could load, and pickles are never loaded" \
+            in error.value.reason
     else:
         assert "not a jax.export serialization" in error.value.reason
 
@@ -128,15 +135,15 @@ def test_a_changed_export_file_is_refused_naming_it(export, name, damage):
 
 
 def test_variables_of_another_dtype_or_shape_than_the_signature_are_refused(export):
-    _without_digests(export)
     with open(export / "variables.npz", "wb") as f:     # same keys, other contents: no garbage view of them
         np.savez(f, allow_pickle=False, **{"['b']": np.ones(2, np.float64), "['w']": VARIABLES["w"]})
+    _redigest(export, "variables.npz")
     with pytest.raises(CorruptExportError, match=r"\['b'\] is stored as float64, the signature says float32"):
         load_exported(export)
     with open(export / "variables.npz", "wb") as f:
         np.savez(f, allow_pickle=False, **{"['b']": np.ones(3, np.float32), "['w']": VARIABLES["w"]})
     with pytest.raises(CorruptExportError, match=r"\['b'\] has shape \[3\], the signature says \[2\]"):
-        load_exported(export)
+        load_exported(export, verify=False)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -173,8 +180,126 @@ def test_nothing_uses_pickle(export):
     source = (ROOT / "estimator" / "export.py").read_text()
     assert not re.search(r"\bimport\s+\w*pickle|\bpickle\.\w|allow_pickle=True", source)
     assert "np.savez(f, allow_pickle=False" in source          # the one write and the one read of arrays
-    assert source.count("np.load(") == 1 and "np.load(io.BytesIO(data), allow_pickle=False)" in source
+    assert "np.load(" not in source and source.count("read_array(") == 1
+    assert "np.lib.format.read_array(member, allow_pickle=False)" in source
     with zipfile.ZipFile(export / "variables.npz") as z:
         for member in z.namelist():
             with z.open(member) as f:
                 assert np.lib.format.read_array(f, allow_pickle=False).dtype != object
+
+
+def _replace_variables(export: Path, w: np.ndarray) -> None:
+    """variables.npz rewritten with other weights of the same shape and dtype: only a digest can tell."""
+    with open(export / "variables.npz", "wb") as f:
+        np.savez(f, allow_pickle=False, **{"['b']": VARIABLES["b"], "['w']": w})
+
+
+def test_an_export_without_its_list_of_digests_is_refused_unless_verify_is_false(export):
+    _replace_variables(export, -VARIABLES["w"])
+    _without_digests(export)
+    with pytest.raises(ExportIntegrityError, match="lists no file digests") as error:
+        load_exported(export)
+    assert error.value.path == str(export / "signature.json") and error.value.export == str(export)
+    with pytest.raises(ExportIntegrityError, match="lists no file digests"):
+        warm_start(str(export), VARIABLES)
+    np.testing.assert_array_equal(load_exported(export, verify=False).variables["w"], -VARIABLES["w"])
+
+
+@pytest.mark.parametrize("damage, culprit, reason", [
+    ("a file not listed", "variables.npz", "signature.json lists no digest for it"),
+    ("a file added to the export", "notes.txt", "it is in the export but signature.json lists no digest for it"),
+    ("a listed file missing", "saved_model/saved_model.pb", "signature.json lists it, but the export has no such file"),
+    ("a listed file deleted", "variables.npz", "signature.json lists it, but the export has no such file"),
+    ("a list that is not a dict", "signature.json", "its file digests are not {name: {size, sha256}}"),
+    ("a digest that is not hex", "signature.json", "its file digests are not {name: {size, sha256}}"),
+])
+def test_a_partial_or_unparsable_list_of_digests_is_refused_naming_the_file(export, damage, culprit, reason):
+    signature = json.loads((export / "signature.json").read_text())
+    files = signature["files"]
+    if damage == "a file not listed":
+        del files["variables.npz"]
+    elif damage == "a file added to the export":
+        (export / "notes.txt").write_text("not exported")
+    elif damage == "a listed file missing":
+        files[culprit] = {"size": 1, "sha256": "0" * 64}
+    elif damage == "a listed file deleted":
+        (export / "variables.npz").unlink()
+    elif damage == "a list that is not a dict":
+        signature["files"] = list(files)
+    else:
+        files["variables.npz"]["sha256"] = "not hex"
+    (export / "signature.json").write_text(json.dumps(signature))
+    with pytest.raises(ExportIntegrityError) as error:
+        load_exported(export)
+    assert (error.value.path, error.value.reason, error.value.export) == (str(export / culprit), reason, str(export))
+    assert str(export / culprit) in str(error.value)
+
+
+def test_expected_digest_pins_the_whole_export_against_a_rewritten_list(export):
+    digest = export_digest(export)
+    assert digest == hashlib.sha256((export / "signature.json").read_bytes()).hexdigest()   # = sha256sum
+    assert load_exported(export, expected_digest=digest).digest == digest
+    _replace_variables(export, -VARIABLES["w"])
+    _redigest(export, "variables.npz")              # files and list rewritten together: the list cannot tell
+    np.testing.assert_array_equal(load_exported(export).variables["w"], -VARIABLES["w"])
+    with pytest.raises(ExportIntegrityError, match=f"its SHA-256 is {export_digest(export)}, not the expected "
+                                                   f"{digest}") as error:
+        load_exported(export, expected_digest=digest)
+    assert error.value.path == str(export / "signature.json")
+    for bad in ("sha256:" + digest, digest.upper(), digest[:-1]):
+        with pytest.raises(InvalidArgumentError, match="must be the 64 lowercase hex digits"):
+            load_exported(export, expected_digest=bad)
+    with pytest.raises(InvalidArgumentError, match="with verify=True"):
+        load_exported(export, verify=False, expected_digest=digest)
+
+
+def _load_in_a_child_with_1_gib_of_address_space(export: Path) -> str:
+    """What ``load_exported(export)`` raises in a child process whose address space is capped at 1 GiB (set
+    after the imports, which take about half of it); a hang fails the test through the timeout."""
+    script = ("import resource, sys\n"
+              "from estimator.errors import CorruptExportError\n"
+              "from estimator.export import load_exported\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+              "try:\n"
+              "    load_exported(sys.argv[1])\n"
+              "except CorruptExportError as e:\n"
+              "    print(type(e).__name__, e)\n")
+    child = subprocess.run([sys.executable, "-c", script, str(export)], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
+    assert child.returncode == 0, child.stderr[-2000:]
+    return child.stdout
+
+
+def _npy(shape: tuple, data: bytes) -> bytes:
+    """An .npy file of float32 ``shape`` whatever ``data`` really holds."""
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return f.getvalue() + data
+
+
+def test_an_npz_declaring_a_4_gib_array_in_4_mb_is_refused_in_bounded_memory(tmp_path):
+    export = Path(export_model(lambda v, f: {"y": f["x"] * v["w"][0]}, {"w": np.zeros(1 << 20, np.float32)},
+                               {"x": TensorSpec((None,), "float32")}, tmp_path / "model", platforms=("cpu",)))
+    with zipfile.ZipFile(export / "variables.npz", "w") as z:           # 4 MiB held, 4 GiB declared
+        z.writestr("['w'].npy", _npy((1 << 30,), bytes(4 << 20)))
+    signature = json.loads((export / "signature.json").read_text())
+    signature["variables"][0]["shape"] = [1 << 30]
+    (export / "signature.json").write_text(json.dumps(signature))
+    _redigest(export, "variables.npz")                              # a consistent forgery: no digest stops it
+    out = _load_in_a_child_with_1_gib_of_address_space(export)
+    assert out.startswith(f"CorruptExportError refusing to load the export file {export / 'variables.npz'}: ")
+    assert "['w'] declares 4294967296 bytes (float32[1073741824]), its member holds 4194304" in out
+
+
+@pytest.mark.parametrize("name, kind", [("variables.npz", "link to /dev/zero"), ("predict.jaxexport", "link to /dev/zero"),
+                                        ("signature.json", "link to /dev/zero"), ("variables.npz", "FIFO")])
+def test_an_export_file_that_is_not_a_regular_file_is_refused_in_bounded_memory(export, name, kind):
+    (export / name).unlink()
+    if kind == "FIFO":
+        os.mkfifo(export / name)
+    else:
+        (export / name).symlink_to("/dev/zero")
+    out = _load_in_a_child_with_1_gib_of_address_space(export)
+    reason = "it is a FIFO, not a regular file" if kind == "FIFO" else \
+        "it is a symbolic link, and export files are never followed"
+    assert out == f"CorruptExportError refusing to load the export file {export / name}: {reason}\n"
