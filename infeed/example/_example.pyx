@@ -789,7 +789,11 @@ cdef class CompiledSpec:
                     ptrs[r] = <const uint8_t *>PyBytes_AS_STRING(rec)
                     sizes[r] = PyBytes_GET_SIZE(rec)
                 else:
-                    PyObject_GetBuffer(rec, &views[nviews], PyBUF_SIMPLE)
+                    try:
+                        PyObject_GetBuffer(rec, &views[nviews], PyBUF_SIMPLE)
+                    except TypeError:
+                        raise TypeError(f"records[{r}] must be a bytes-like serialized Example, "
+                                        f"got {type(rec).__name__}") from None
                     ptrs[r] = <const uint8_t *>views[nviews].buf
                     sizes[r] = views[nviews].len
                     nviews += 1
@@ -812,7 +816,7 @@ cdef class CompiledSpec:
         if failed >= 0:
             raise self._error(&err, index_base + failed)
 
-    def decode_from(self, RecordReader reader, Py_ssize_t n, list values, list lengths, Py_ssize_t row0=0,
+    def decode_from(self, RecordReader reader not None, Py_ssize_t n, list values, list lengths, Py_ssize_t row0=0,
                     Py_ssize_t index_base=0):
         """Reads up to ``n`` records from ``reader`` (both CRCs checked) and decodes each where it
         lies in the reader's buffer, into rows ``row0...``: no bytes object, no copy of the record.
@@ -914,7 +918,10 @@ def decode_example(record, Py_ssize_t record_index=0):
     cdef Sink sink
     cdef cnp.ndarray arr
     err.what = NULL
-    PyObject_GetBuffer(record, &view, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(record, &view, PyBUF_SIMPLE)
+    except TypeError:
+        raise TypeError(f"record must be a bytes-like serialized Example, got {type(record).__name__}") from None
     try:
         base = <const uint8_t *>view.buf
         wk.example.p = <const uint8_t *>view.buf

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -63,6 +63,8 @@ class ExampleParser:
 
     def allocate(self, batch_size: int) -> dict:
         """Zeroed output arrays for ``batch_size`` records, laid out as ``parse`` returns them."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 0:
+            raise ValueError(f"batch_size must be a non-negative int, got {batch_size!r:.80}")
         out = {}
         for name, f in self.spec.items():
             if isinstance(f, FixedLen):
@@ -79,6 +81,8 @@ class ExampleParser:
         Raises :class:`infeed.DecodeError` naming the feature and the record's
         index (``index_base`` + its position in ``records``).
         """
+        if not isinstance(records, Iterable) or isinstance(records, (str, bytes, bytearray, memoryview)):
+            raise TypeError(f"records must be a sequence of serialized Examples, got {records!r:.80}")
         if out is None:
             if start:
                 raise ValueError("start needs out")
@@ -99,6 +103,8 @@ class ExampleParser:
 
     def _outputs(self, out: dict) -> tuple[list, list]:
         """The value and length arrays of ``out`` in spec order, checked (once per set of arrays)."""
+        if not isinstance(out, Mapping):
+            raise TypeError(f"out must be a dict of arrays as allocate() makes, got {out!r:.80}")
         values, lengths = [], []
         for name in self.spec:
             try:
@@ -157,8 +163,25 @@ _FLOAT32 = struct.Struct("<f")
 _FLOAT_SCALAR_PREFIX = b"\x12\x06\x0a\x04"          # float_list [2] { packed value [1], 4 bytes }
 
 
-def _key(name: str) -> bytes:
-    return name.encode("utf-8") if isinstance(name, str) else bytes(name)
+def _utf8(name, text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"feature {name!r}: {text!r:.80} is not encodable as UTF-8: {e}") from None
+
+
+def _key(name) -> bytes:
+    if isinstance(name, str):
+        return _utf8(name, name)
+    if isinstance(name, (bytes, bytearray)):
+        return bytes(name)
+    raise TypeError(f"feature names must be str or bytes, got {name!r:.80}")
+
+
+def _unencodable(name, value, error: Exception) -> Exception:
+    """``error`` (a TypeError or ValueError of a conversion) as the same type naming the feature."""
+    return type(error)(f"feature {name!r}: cannot encode {value!r:.80}: {error} (a value is bytes, str, "
+                       "a number, or a list or numpy array of them)")
 
 
 def _len_prefixed(field_tag: int, payload: bytes) -> bytes:
@@ -196,19 +219,24 @@ def _feature(name, value) -> bytes:
         value = [value]
     arr = value if isinstance(value, np.ndarray) else None
     if arr is None:
-        items = list(value)
+        try:
+            items = list(value)
+        except TypeError as e:
+            raise _unencodable(name, value, e) from None
         if items and all(isinstance(v, (bytes, bytearray, memoryview, str)) for v in items):
-            payload = b"".join(_len_prefixed(0x0A, v.encode() if isinstance(v, str) else bytes(v)) for v in items)
+            payload = b"".join(_len_prefixed(0x0A, _utf8(name, v) if isinstance(v, str) else bytes(v)) for v in items)
             return _len_prefixed(0x0A, payload)                     # bytes_list [1]
         if any(isinstance(v, (bytes, bytearray, memoryview, str)) for v in items):
             raise TypeError(f"feature {name!r} mixes bytes and numbers")
-        if any(isinstance(v, (float, np.floating)) for v in items):
-            arr = np.asarray(items, np.float32)
-        else:
-            try:
+        try:
+            if any(isinstance(v, (float, np.floating)) for v in items):
+                arr = np.asarray(items, np.float32)
+            else:
                 arr = np.asarray(items, np.int64) if items else np.zeros(0, np.float32)
-            except OverflowError:
-                raise ValueError(f"feature {name!r} has integers outside int64") from None
+        except OverflowError:
+            raise ValueError(f"feature {name!r} has integers outside int64") from None
+        except (TypeError, ValueError) as e:
+            raise _unencodable(name, value, e) from None
     arr = np.asarray(arr)
     if arr.dtype.kind == "f":
         packed = arr.astype("<f4", copy=False).ravel().tobytes()
@@ -221,7 +249,11 @@ def _feature(name, value) -> bytes:
     if arr.dtype.kind in "SO":
         if arr.size == 0:
             return _len_prefixed(0x0A, b"")                                               # empty bytes_list [1]
-        return _feature(name, [bytes(v) for v in arr.ravel()])
+        try:
+            items = [bytes(v) for v in arr.ravel()]
+        except TypeError as e:
+            raise _unencodable(name, value, e) from None
+        return _feature(name, items)
     raise TypeError(f"feature {name!r}: cannot encode dtype {arr.dtype}")
 
 
@@ -237,6 +269,8 @@ def encode_example(features: Mapping) -> bytes:
     >>> decode_example(encode_example({"n": [1, 2]}))["n"][0]
     'int64'
     """
+    if not isinstance(features, Mapping):
+        raise TypeError(f"features must be a mapping of name -> value, got {features!r:.80}")
     entries = []
     for name, value in features.items():
         entry = _len_prefixed(0x0A, _key(name)) + _len_prefixed(0x12, _feature(name, value))

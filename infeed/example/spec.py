@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -19,7 +20,10 @@ NUMERIC_DTYPES = {"float32": "float", "int64": "int64", "int32": "int64"}
 
 
 def _check_dtype(owner: str, dtype) -> str:
-    name = np.dtype(dtype).name if dtype not in ("bytes", "string", object) else "bytes"
+    try:
+        name = np.dtype(dtype).name if dtype not in ("bytes", "string", object) else "bytes"
+    except TypeError:
+        name = None
     if name not in NUMERIC_DTYPES:
         raise ValueError(f"{owner}.dtype must be one of {sorted(NUMERIC_DTYPES)}, got {dtype!r}"
                          + ("; use infeed.Bytes(max_bytes) for bytes features" if name == "bytes" else ""))
@@ -48,7 +52,12 @@ class FixedLen:
     default: Any = None
 
     def __post_init__(self):
-        shape = (self.shape,) if isinstance(self.shape, (int, np.integer)) else tuple(self.shape)
+        if isinstance(self.shape, (int, np.integer)):
+            shape = (self.shape,)
+        elif isinstance(self.shape, Iterable) and not isinstance(self.shape, (str, bytes)):
+            shape = tuple(self.shape)
+        else:
+            raise ValueError(f"FixedLen.shape must be an int or a tuple of non-negative ints, got {self.shape!r:.80}")
         object.__setattr__(self, "shape", tuple(_check_count("FixedLen", "shape", d) for d in shape))
         object.__setattr__(self, "dtype", _check_dtype("FixedLen", self.dtype))
         if self.default is not None:
@@ -116,7 +125,10 @@ class Bytes:
         object.__setattr__(self, "max_bytes", _check_count("Bytes", "max_bytes", self.max_bytes))
         if self.default is not None:
             if isinstance(self.default, str):
-                object.__setattr__(self, "default", self.default.encode())
+                try:
+                    object.__setattr__(self, "default", self.default.encode())
+                except UnicodeEncodeError as e:
+                    raise ValueError(f"Bytes.default {self.default!r:.80} is not encodable as UTF-8: {e}") from None
             if not isinstance(self.default, bytes) or len(self.default) > self.max_bytes:
                 raise ValueError(f"Bytes.default must be bytes of at most max_bytes={self.max_bytes}, "
                                  f"got {self.default!r:.80}")

@@ -12,6 +12,14 @@ __all__ = ["expand_files"]
 _MAGIC = "*?["
 
 
+def path_str(path, what: str = "path") -> str:
+    """``path`` (a str, bytes or os.PathLike path or URI) as a str; TypeError naming ``what`` otherwise."""
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise TypeError(f"{what} must be a str or os.PathLike path or URI, got {path!r:.80}") from None
+
+
 def _has_magic(pattern: str) -> bool:
     return any(c in pattern for c in _MAGIC)
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
+from infeed.tfrecord.files import path_str
 from infeed.tfrecord.reader import _EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output, read_records
 
 __all__ = ["INDEX_SUFFIX", "RecordIndex", "build_index", "index_path", "load_index", "write_index"]
@@ -48,7 +49,7 @@ class RecordIndex(NamedTuple):
 
 def index_path(path) -> str:
     """The sidecar of the data file ``path`` (a local path or a URI)."""
-    return os.fspath(path) + INDEX_SUFFIX
+    return path_str(path) + INDEX_SUFFIX
 
 
 def build_index(path) -> RecordIndex:
@@ -56,7 +57,7 @@ def build_index(path) -> RecordIndex:
 
     Damage raises :class:`~infeed.errors.CorruptRecordError`; a compressed file, ValueError.
     """
-    path = os.fspath(path)
+    path = path_str(path)
     _refuse_compressed(path)
     offsets, lengths = [], []
     with read_records(path, compression=None) as reader:
@@ -84,11 +85,13 @@ def write_index(index: RecordIndex, dest=None) -> str:
 
     Raises ValueError when the offsets, lengths and file size do not fit together.
     """
-    dest = index_path(index.path) if dest is None else os.fspath(dest)
-    offsets = np.asarray(index.offsets, np.int64)
+    if not isinstance(index, RecordIndex):
+        raise TypeError(f"index must be a RecordIndex (from build_index or load_index), got {index!r:.80}")
+    dest = index_path(index.path) if dest is None else path_str(dest, "dest")
     try:
+        offsets = np.asarray(index.offsets, np.int64)
         lengths = _lengths(offsets, index.file_size)
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{index.path}: refusing to write an inconsistent index: {e}") from None
     if not np.array_equal(lengths, index.lengths):
         raise ValueError(f"{index.path}: refusing to write an inconsistent index: "
@@ -138,7 +141,7 @@ def load_index(path) -> RecordIndex | None:
     Raises :class:`~infeed.errors.IndexFileError` when the sidecar is damaged, does not fit
     together, or was built for a different size of the data file (stale).
     """
-    path = os.fspath(path)
+    path = path_str(path)
     sidecar = index_path(path)
     try:
         stream, _ = open_input(sidecar)

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import errno
 import logging
+import operator
 import os
 import time
 import zlib
 
 from infeed.errors import CompressedStreamError, located_os_error
 from infeed.tfrecord import _tfrecord
+from infeed.tfrecord.files import path_str
 
 __all__ = ["read_records", "open_input", "open_random_access", "COMPRESSIONS", "RecordReader"]
 
 RecordReader = _tfrecord.RecordReader
 
-#: Accepted values of ``compression``.
-COMPRESSIONS = (None, "GZIP", "ZLIB", "auto")
+#: Accepted values of ``compression``: ``""`` is TensorFlow's spelling of None (no compression).
+COMPRESSIONS = (None, "", "GZIP", "ZLIB", "auto")
 
 _DEFAULT_BUFFER = 8 << 20
 _EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zlib": "ZLIB", ".zz": "ZLIB"}
@@ -124,7 +126,7 @@ def open_input(path: str):
     """A binary input stream and its size in bytes (-1 when unknown) for a path or URI.
 
     A URI's file is read with bounded retries (REMOTE_ATTEMPTS) of each failed open or read."""
-    path = os.fspath(path)
+    path = path_str(path)
     if not _is_uri(path):
         f = open(path, "rb", buffering=0)
         return f, os.fstat(f.fileno()).st_size
@@ -207,7 +209,7 @@ def open_random_access(path: str):
     """An object with ``read_at(offset, n) -> bytes`` and ``close()`` for a path or URI.
 
     A failed read raises OSError naming the file and offset, after bounded retries for a URI."""
-    path = os.fspath(path)
+    path = path_str(path)
     if not _is_uri(path):
         return _LocalRandomAccess(path)
     fs, inner = _filesystem(path)
@@ -216,7 +218,7 @@ def open_random_access(path: str):
 
 def open_output(path: str):
     """A binary output stream for a path or URI."""
-    path = os.fspath(path)
+    path = path_str(path)
     if not _is_uri(path):
         return open(path, "wb")
     import pyarrow.fs as pafs
@@ -390,8 +392,8 @@ def read_records(path, compression="auto", skip_corrupt: bool = False,
                  buffer_size: int = _DEFAULT_BUFFER) -> RecordReader:
     """Iterates over the records of a TFRecord file, checking both CRCs of each.
 
-    ``compression`` is None, ``"GZIP"``, ``"ZLIB"`` or ``"auto"`` (from the
-    extension, else from the stream's first bytes).  Damage raises
+    ``compression`` is None (or ``""``, as TensorFlow spells it), ``"GZIP"``, ``"ZLIB"`` or ``"auto"``
+    (from the extension, else from the stream's first bytes).  Damage raises
     :class:`infeed.CorruptRecordError` (file, record index, byte offset); with
     ``skip_corrupt=True`` the reader resynchronises at the next good record
     instead, in the same file, logs a warning and counts what it skipped
@@ -405,7 +407,12 @@ def read_records(path, compression="auto", skip_corrupt: bool = False,
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-    path = os.fspath(path)
+    try:
+        operator.index(buffer_size)
+    except TypeError:
+        raise TypeError(f"buffer_size must be an int, got {buffer_size!r:.80}") from None
+    compression = compression or None
+    path = path_str(path)
     raw, size = open_input(path)
     try:
         if compression == "auto":

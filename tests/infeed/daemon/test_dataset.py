@@ -35,3 +35,11 @@ def test_count_records_uses_index_sidecars(paths, tmp_path):
         write_index(build_index(p))
     ds = infeed.Dataset(plain, SPEC, 4)
     assert ds.indexes() is not None and ds.count_records() == 10
+
+
+def test_an_empty_compression_reads_plain_files_as_tensorflow_spells_it(paths):
+    plain = [p for p in paths if not p.endswith(".gz")]
+    ds = infeed.Dataset(plain, SPEC, 4, compression="")
+    assert ds.count_records() == 10
+    with pytest.raises(ValueError, match="compression"):
+        infeed.Dataset(plain, SPEC, 4, compression="gzip")

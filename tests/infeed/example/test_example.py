@@ -49,6 +49,46 @@ def test_encode_example_refuses_what_it_cannot_represent():
         ex(x=2**63)
 
 
+@pytest.mark.parametrize("features, error, message", [
+    ({"f": None}, TypeError, "feature 'f': cannot encode None"),
+    ({"f": object()}, TypeError, "feature 'f': cannot encode <object"),
+    ({"f": 1j}, TypeError, "feature 'f': cannot encode 1j"),
+    ({"f": [None]}, TypeError, "feature 'f': cannot encode \\[None\\]"),
+    ({"f": [[1], [2, 3]]}, ValueError, "feature 'f': cannot encode"),
+    ({"f": np.array([None], dtype=object)}, TypeError, "feature 'f': cannot encode"),
+    ({"f": "\ud800"}, ValueError, "feature 'f': .* UTF-8"),
+    ({"\ud800": [1]}, ValueError, "feature '\\\\ud800': .* UTF-8"),
+    ({None: [1]}, TypeError, "feature names must be str or bytes, got None"),
+    ({5: [1]}, TypeError, "feature names must be str or bytes, got 5"),
+    ([("f", 1)], TypeError, "features must be a mapping"),
+    (None, TypeError, "features must be a mapping"),
+])
+def test_encode_example_names_the_feature_it_cannot_encode(features, error, message):
+    with pytest.raises(error, match=message):
+        infeed.encode_example(features)
+
+
+def _parser_x():
+    return infeed.ExampleParser({"x": FixedLen()})
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: infeed.decode_example(None), TypeError, "record must be a bytes-like serialized Example, got NoneType"),
+    (lambda: infeed.decode_example("text"), TypeError, "record must be a bytes-like .* got str"),
+    (lambda: infeed.parse_examples([ex(x=1.0), None], {"x": FixedLen()}), TypeError,
+     "records\\[1\\] must be a bytes-like serialized Example, got NoneType"),
+    (lambda: infeed.parse_examples(None, {"x": FixedLen()}), TypeError, "records must be a sequence"),
+    (lambda: infeed.parse_examples(ex(x=1.0), {"x": FixedLen()}), TypeError, "records must be a sequence"),
+    (lambda: infeed.parse_examples([ex(x=1.0)], {"x": FixedLen()}, out=5), TypeError, "out must be a dict"),
+    (lambda: infeed.ExampleParser({"x": FixedLen()}).allocate(-1), ValueError, "batch_size"),
+    (lambda: infeed.ExampleParser({"x": FixedLen()}).allocate(None), ValueError, "batch_size"),
+    (lambda: _parser_x().read_into(None, 1, _parser_x().allocate(1)), TypeError, "'reader'"),   # crashed before
+])
+def test_bad_arguments_to_the_decoder_name_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
 def test_empty_example_decodes_to_nothing():
     assert infeed.decode_example(b"") == {}
     assert infeed.decode_example(infeed.encode_example({})) == {}

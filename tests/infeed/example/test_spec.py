@@ -24,10 +24,22 @@ def test_fixedlen_normalises_shape_and_dtype():
     (lambda: VarLen("int64", max_len=2, pad=0.5), "VarLen.pad"),
     (lambda: Bytes(max_bytes=-1), "Bytes.max_bytes"),
     (lambda: Bytes(max_bytes=2, default=b"abc"), "Bytes.default"),
+    (lambda: FixedLen(None, "float32"), "FixedLen.shape"),
+    (lambda: FixedLen(2.5, "float32"), "FixedLen.shape"),
+    (lambda: FixedLen((2,), "nope"), "FixedLen.dtype"),
+    (lambda: FixedLen((2,), 5), "FixedLen.dtype"),
+    (lambda: FixedLen((2,), ["a"]), "FixedLen.dtype"),
+    (lambda: VarLen("no such dtype", max_len=2), "VarLen.dtype"),
+    (lambda: VarLen("int64", max_len=None), "VarLen.max_len"),
+    (lambda: VarLen("int64", max_len=2, pad=None), "VarLen.pad"),
+    (lambda: Bytes(max_bytes=None), "Bytes.max_bytes"),
+    (lambda: Bytes(max_bytes=4, default=5), "Bytes.default"),
+    (lambda: Bytes(max_bytes=4, default="\ud800"), "Bytes.default"),
 ])
 def test_invalid_specs_are_refused_with_the_field_named(make, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as info:
         make()
+    assert type(info.value) is ValueError                 # not a numpy or codec error passing through
 
 
 def test_defaults_are_broadcast_and_frozen():

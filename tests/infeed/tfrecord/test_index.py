@@ -137,6 +137,21 @@ def test_an_inconsistent_index_is_not_written(tmp_path):
     assert not os.path.exists(index_path(index.path))
 
 
+@pytest.mark.parametrize("call, error, message", [
+    (lambda p: build_index(None), TypeError, "path must be a str or os.PathLike path or URI, got None"),
+    (lambda p: load_index(3), TypeError, "path must be .* got 3"),
+    (lambda p: index_path(None), TypeError, "path must be .* got None"),
+    (lambda p: write_index(None), TypeError, "index must be a RecordIndex"),
+    (lambda p: write_index(build_index(p), dest=7), TypeError, "dest must be .* got 7"),
+    (lambda p: write_index(RecordIndex(p, 100, None, None)), ValueError, "w.tfrecord: refusing to write"),
+    (lambda p: write_index(RecordIndex(p, "big", [0], [1])), ValueError, "w.tfrecord: refusing to write"),
+])
+def test_bad_arguments_name_the_argument_or_file(tmp_path, call, error, message):
+    path = _write(tmp_path / "w.tfrecord")
+    with pytest.raises(error, match=message):
+        call(path)
+
+
 @pytest.mark.parametrize("name", ["d.tfrecord.gz", "sniffed.tfrecord"])
 def test_compressed_files_are_refused(tmp_path, name):
     path = _write(tmp_path / name, compression="GZIP")

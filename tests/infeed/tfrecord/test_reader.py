@@ -125,6 +125,47 @@ def test_writer_refuses_writes_after_close(tmp_path):
     assert w.records_written == 1
 
 
+@pytest.mark.parametrize("use", [lambda w: w.flush(), lambda w: w.write(b"y"), lambda w: w.__enter__()])
+def test_a_closed_writer_refuses_io_as_python_files_do_naming_the_path(tmp_path, use):
+    w = infeed.TFRecordWriter(tmp_path / "w.tfrecord", compression="GZIP")
+    w.close()
+    with pytest.raises(ValueError, match="I/O operation on closed file") as info:
+        use(w)
+    assert str(tmp_path / "w.tfrecord") in str(info.value)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda p: infeed.read_records(None), TypeError, "path must be a str or os.PathLike path or URI, got None"),
+    (lambda p: infeed.read_records(5), TypeError, "path must be .* got 5"),
+    (lambda p: infeed.read_records(p, compression=[]), ValueError, "compression must be one of"),
+    (lambda p: infeed.read_records(p, buffer_size=None), TypeError, "buffer_size must be an int, got None"),
+    (lambda p: infeed.read_records(p, buffer_size="big"), TypeError, "buffer_size must be an int"),
+    (lambda p: infeed.TFRecordWriter(None), TypeError, "path must be .* got None"),
+    (lambda p: infeed.TFRecordWriter(p, compression="GZIP", level=99), ValueError, "level must be an int from 0 to 9"),
+    (lambda p: infeed.TFRecordWriter(p, level="fast"), ValueError, "level must be"),
+    (lambda p: infeed.TFRecordWriter(p).write(None), TypeError, "w.tfrecord: a record must be bytes-like, got NoneType"),
+    (lambda p: infeed.TFRecordWriter(p).write("text"), TypeError, "a record must be bytes-like, got str"),
+])
+def test_bad_arguments_to_readers_and_writers_name_the_argument_or_file(tmp_path, call, error, message):
+    path = write_records(tmp_path / "w.tfrecord", SAMPLE_RECORDS)
+    with pytest.raises(error, match=message):
+        call(path)
+
+
+@pytest.mark.parametrize("compression", ["", None])
+def test_an_empty_compression_is_tensorflows_spelling_of_none(tmp_path, compression):
+    path = tmp_path / "w.tfrecord"
+    with infeed.TFRecordWriter(path, compression=compression) as w:
+        assert w.compression is None
+        for record in SAMPLE_RECORDS:
+            w.write(record)
+    assert path.read_bytes() == b"".join(_tfrecord.frame(r) for r in SAMPLE_RECORDS)
+    assert list(infeed.read_records(path, compression=compression)) == SAMPLE_RECORDS
+    gz = write_records(tmp_path / "g.tfrecord", SAMPLE_RECORDS, "GZIP")
+    with pytest.raises(infeed.CorruptRecordError, match="starts like GZIP"):
+        list(infeed.read_records(gz, compression=compression))          # no compression, not "auto"
+
+
 def test_flush_makes_compressed_records_readable_before_close(tmp_path):
     w = infeed.TFRecordWriter(tmp_path / "w.tfrecord.zlib", compression="ZLIB")
     w.write(b"first")
