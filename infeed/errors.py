@@ -16,6 +16,7 @@ CORRUPTION_KINDS = {
     "truncated_data": "the file ends inside the record's data",
     "length_exceeds_file": "the length field (with a valid CRC) is larger than the whole file",
     "compressed_stream": "the compressed stream is damaged or cut short",
+    "record_too_large": "the length field (with a valid CRC) exceeds the reader's max_record_size",
 }
 
 

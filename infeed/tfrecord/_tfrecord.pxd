@@ -12,6 +12,7 @@ cdef class RecordReader:
     cdef object error
     cdef readonly str path
     cdef readonly int64_t size
+    cdef readonly int64_t max_record_size
     cdef readonly int64_t records_read
     cdef readonly bint skip_corrupt
     cdef readonly int64_t skipped_regions
@@ -26,3 +27,4 @@ cdef class RecordReader:
     cdef object _step(self, bint want_data)
     cdef bint _corrupt(self, int64_t offset, str kind, str detail) except -1
     cdef int64_t _resync(self) except -1
+    cdef bint _grew(self) except -1

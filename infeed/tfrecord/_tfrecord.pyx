@@ -16,6 +16,7 @@ from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
 from libc.string cimport memcpy, memmove
 
 import logging
+import os
 
 from infeed.errors import CompressedStreamError, CorruptRecordError, located_os_error
 
@@ -30,6 +31,10 @@ _log = logging.getLogger("infeed")
 DEF HEADER = 12
 DEF FOOTER = 4
 DEF NOGIL_BYTES = 65536
+
+#: The longest record a reader takes by default (``max_record_size``): a length field beyond it is refused
+#: before any memory is reserved for the record, whatever the stream (a 1 MB GZIP file can declare 1 GiB).
+MAX_RECORD_SIZE = 256 << 20
 
 
 def located_io_error(OSError error, str path, int64_t record_index, int64_t offset):
@@ -155,7 +160,10 @@ cdef class RecordReader:
     """Iterates over the records of one TFRecord stream, checking both CRCs.
 
     ``source`` is a binary stream with ``readinto`` (or ``read``); ``size`` is
-    its length in bytes when known (uncompressed files), else -1.  Each damaged
+    its length in bytes when known (uncompressed files), else -1: a file that grows
+    while it is read (``fileno`` tells) is measured again before a record past the
+    size known is called damaged.  A record longer than ``max_record_size`` bytes is
+    refused before anything is allocated for it (kind ``record_too_large``).  Each damaged
     record raises :class:`infeed.CorruptRecordError`, and the reader yields
     nothing after it.  With ``skip_corrupt=True`` it instead resynchronises to
     the next offset where both CRCs verify, logs a warning and counts what it
@@ -165,9 +173,12 @@ cdef class RecordReader:
     # Attributes and C methods are declared in _tfrecord.pxd.
 
     def __cinit__(self, source, str path, int64_t size=-1, bint skip_corrupt=False,
-                  Py_ssize_t buffer_size=8 << 20):
+                  Py_ssize_t buffer_size=8 << 20, int64_t max_record_size=MAX_RECORD_SIZE):
         if buffer_size < 64:
             raise ValueError(f"buffer_size must be at least 64 bytes, got {buffer_size}")
+        if not 0 <= max_record_size <= (<int64_t>1 << 62):
+            raise ValueError(f"max_record_size must be between 0 and 2**62 bytes, got {max_record_size}")
+        self.max_record_size = max_record_size
         self.source = source
         self._readinto = getattr(source, "readinto", None)
         self.path = path
@@ -337,13 +348,16 @@ cdef class RecordReader:
             length = load_u64(p)
             left = self.size - offset - HEADER - FOOTER
             if self.size >= 0 and (left < 0 or length > <uint64_t>left):
+                if self._grew():                # a file being appended to: judge the record by its size now
+                    continue
                 total = self.size
                 if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
                                  f"length {length}, {total - offset - HEADER} bytes left after the header"):
                     continue
                 return 0
-            if length > (<uint64_t>1 << 62):
-                if self._corrupt(offset, "length_exceeds_file", f"length {length}"):
+            if length > <uint64_t>self.max_record_size:
+                if self._corrupt(offset, "record_too_large",
+                                 f"length {length}, max_record_size {self.max_record_size}"):
                     continue
                 return 0
             self._ensure(HEADER + <Py_ssize_t>length + FOOTER)
@@ -398,6 +412,21 @@ cdef class RecordReader:
         _log.warning("%s; skipped %d bytes to the next good record", err, skipped)
         return True
 
+    cdef bint _grew(self) except -1:
+        """Whether the file under the stream is larger now than ``size`` (it is being appended to);
+        ``size`` follows it. Streams without ``fileno`` (compressed, remote) have no size to follow."""
+        fileno = getattr(self.source, "fileno", None)
+        if fileno is None or self.size < 0:
+            return False
+        try:
+            now = os.fstat(fileno()).st_size
+        except (OSError, ValueError):
+            return False
+        if now <= self.size:
+            return False
+        self.size = now
+        return True
+
     cdef int64_t _resync(self) except -1:
         """Moves ``start`` past the damage to the next offset where a whole frame verifies."""
         cdef int64_t begin = self.buf_offset + self.start
@@ -413,7 +442,7 @@ cdef class RecordReader:
             p = self.buf + self.start
             if header_ok(p):
                 length = load_u64(p)
-                if length <= (<uint64_t>1 << 62) and (self.size < 0 or
+                if length <= <uint64_t>self.max_record_size and (self.size < 0 or
                         length + HEADER + FOOTER <= <uint64_t>(self.size - self.buf_offset - self.start)):
                     need = HEADER + <Py_ssize_t>length + FOOTER
                     self._ensure(need)

@@ -6,6 +6,7 @@ import errno
 import logging
 import operator
 import os
+import stat
 import time
 import zlib
 
@@ -129,7 +130,8 @@ def open_input(path: str):
     path = path_str(path)
     if not _is_uri(path):
         f = open(path, "rb", buffering=0)
-        return f, os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        return f, (st.st_size if stat.S_ISREG(st.st_mode) else -1)      # a pipe or FIFO: read to its end
     import pyarrow.fs as pafs
 
     fs, inner = _filesystem(path)
@@ -384,12 +386,15 @@ class _Peeked:
             return n
         return self._raw.readinto(view)
 
+    def fileno(self):
+        return self._raw.fileno()      # a local file's size is followed as it grows (RecordReader)
+
     def close(self):
         self._raw.close()
 
 
-def read_records(path, compression="auto", skip_corrupt: bool = False,
-                 buffer_size: int = _DEFAULT_BUFFER) -> RecordReader:
+def read_records(path, compression="auto", skip_corrupt: bool = False, buffer_size: int = _DEFAULT_BUFFER,
+                 max_record_size: int = _tfrecord.MAX_RECORD_SIZE) -> RecordReader:
     """Iterates over the records of a TFRecord file, checking both CRCs of each.
 
     ``compression`` is None (or ``""``, as TensorFlow spells it), ``"GZIP"``, ``"ZLIB"`` or ``"auto"``
@@ -401,16 +406,23 @@ def read_records(path, compression="auto", skip_corrupt: bool = False,
     stream cannot be resynchronised: it raises (kind ``compressed_stream``)
     naming the last good record.  An I/O error is an OSError naming the file,
     the record and the offset; a URI's reads are retried first (REMOTE_ATTEMPTS).
+    A record longer than ``max_record_size`` (default 256 MiB) is refused before
+    anything is read or reserved for it (kind ``record_too_large``), so a small
+    hostile file cannot make the reader allocate what its length field claims.
+    Pipes and FIFOs are read to their end; a file being appended to is read as far
+    as it holds whole records (a record its writer has not finished is reported as
+    ``truncated_data``, with the bytes really there).
 
     >>> for record in read_records("train.tfrecord"):   # doctest: +SKIP
     ...     example = decode_example(record)
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-    try:
-        operator.index(buffer_size)
-    except TypeError:
-        raise TypeError(f"buffer_size must be an int, got {buffer_size!r:.80}") from None
+    for name, value in (("buffer_size", buffer_size), ("max_record_size", max_record_size)):
+        try:
+            operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {value!r:.80}") from None
     compression = compression or None
     path = path_str(path)
     raw, size = open_input(path)
@@ -428,7 +440,7 @@ def read_records(path, compression="auto", skip_corrupt: bool = False,
         if compression is not None:
             raw = _Decompressing(raw, compression, path, min(buffer_size, 1 << 20))
             size = -1
-        return RecordReader(raw, path, size, skip_corrupt, buffer_size)
+        return RecordReader(raw, path, size, skip_corrupt, buffer_size, max_record_size)
     except BaseException:
         raw.close()
         raise

@@ -5,6 +5,7 @@ The long coverage-guided runs are `make fuzz` / `make asan` (tests/fuzz/fuzz_inf
 hypothesis tests here are bounded so that the file runs in seconds.
 """
 
+import concurrent.futures
 import errno
 import gzip
 import io
@@ -12,6 +13,8 @@ import logging
 import os
 import random
 import struct
+import subprocess
+import sys
 import tracemalloc
 import zlib
 
@@ -19,11 +22,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tfrecord_files import SAMPLE_RECORDS, write_records
 
 import infeed
 from infeed import Bytes, FixedLen, Padded, VarLen
 from infeed.tfrecord import _tfrecord, reader
+from tfrecord_files import SAMPLE_RECORDS, write_records
+
+from .processes import ROOT
 
 BOUNDED = settings(max_examples=60, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -110,7 +115,9 @@ def test_a_length_beyond_the_file_is_never_allocated(tmp_path, length):
         finally:
             tracemalloc.stop()
         err = info.value
-        assert (err.kind, err.record_index, err.offset) == ("length_exceeds_file", 1, 18)
+        # A compressed stream's size is unknown: a length past max_record_size (256 MiB) is refused at once.
+        kind = "record_too_large" if compression and length > 256 << 20 else "length_exceeds_file"
+        assert (err.kind, err.record_index, err.offset) == (kind, 1, 18)
         assert f"length {length}" in str(err)
         assert peak < 4 << 20, f"{compression}: {peak} bytes allocated for a {len(data)}-byte file"
 
@@ -121,7 +128,7 @@ def test_a_stream_of_unknown_size_buffers_only_what_arrives():
     data = _bogus_length_frame(1 << 40) + os.urandom(3 << 20)
     tracemalloc.start()
     try:
-        reader_ = _tfrecord.RecordReader(io.BytesIO(data), "<pipe>", -1, False, 64 << 10)
+        reader_ = _tfrecord.RecordReader(io.BytesIO(data), "<pipe>", -1, False, 64 << 10, 1 << 62)
         with pytest.raises(infeed.CorruptRecordError) as info:
             next(reader_)
         peak = tracemalloc.get_traced_memory()[1]
@@ -129,6 +136,84 @@ def test_a_stream_of_unknown_size_buffers_only_what_arrives():
         tracemalloc.stop()
     assert (info.value.kind, info.value.offset, info.value.path) == ("length_exceeds_file", 0, "<pipe>")
     assert peak < 3 * len(data), peak
+
+
+BOMB = """
+import gzip, resource, struct, sys
+import infeed
+from infeed.tfrecord import _tfrecord
+path, limit = sys.argv[1], int(sys.argv[2])
+header = struct.pack("<Q", 1 << 30)                       # a 1 GiB record, in a file of about 1 MB
+with gzip.open(path, "wb") as f:
+    f.write(header + struct.pack("<I", _tfrecord.masked_crc32c(header)))
+    for _ in range(1024):
+        f.write(bytes(1 << 20))
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    next(infeed.read_records(path))
+except infeed.CorruptRecordError as e:
+    print(type(e).__name__, e.kind, e.path, e.offset)
+"""
+
+
+def test_a_small_gzip_file_declaring_a_1_gib_record_is_refused_in_bounded_memory(tmp_path):
+    """1 MB on disk, a valid header claiming 1 GiB: refused by max_record_size (256 MiB) before the
+    reader reserves or inflates it, under a 1 GiB address-space limit: never MemoryError."""
+    path = tmp_path / "bomb.tfrecord.gz"
+    out = subprocess.run([sys.executable, "-c", BOMB, str(path), str(1 << 30)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["CorruptRecordError", "record_too_large", str(path), "0"], out.stdout
+    assert os.path.getsize(path) < 2 << 20
+
+
+def test_max_record_size_is_the_readers_to_set():
+    records = [b"x" * 100, b"y" * 1000]
+    data = b"".join(_tfrecord.frame(r) for r in records)
+    assert list(_tfrecord.RecordReader(io.BytesIO(data), "<m>", len(data), False, 64 << 10, 1000)) == records
+    reader_ = _tfrecord.RecordReader(io.BytesIO(data), "<m>", len(data), False, 64 << 10, 999)
+    assert next(reader_) == records[0]
+    with pytest.raises(infeed.CorruptRecordError, match="length 1000, max_record_size 999") as info:
+        next(reader_)
+    assert (info.value.kind, info.value.record_index, info.value.offset) == ("record_too_large", 1, 116)
+    with pytest.raises(ValueError, match="max_record_size"):
+        _tfrecord.RecordReader(io.BytesIO(data), "<m>", len(data), False, 64 << 10, -1)
+
+
+# --- pipes, FIFOs and files being written ----------------------------------------------------------
+
+def test_a_fifo_is_read_to_its_end(tmp_path):
+    """A FIFO has no size (fstat says 0): its records are read as they come, to the writer's end."""
+    fifo = tmp_path / "records.fifo"
+    os.mkfifo(fifo)
+    records = [os.urandom(n) for n in (0, 10, 70_000, 3)]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        def write():
+            with open(fifo, "wb") as f:
+                for r in records:
+                    f.write(_tfrecord.frame(r))
+        done = pool.submit(write)
+        assert list(infeed.read_records(fifo, compression=None)) == records
+        done.result(timeout=30)
+
+
+def test_a_file_being_appended_to_yields_its_whole_records_and_names_a_cut_one_truthfully(tmp_path):
+    """The size read at open is no limit: records appended since are read, and a record its writer has
+    not finished is truncated_data with the bytes really there (never a negative count)."""
+    path = tmp_path / "growing.tfrecord"
+    first, later = [b"a" * 10, b"b" * 20], [b"c" * 5000, b"d" * 7]
+    path.write_bytes(b"".join(_tfrecord.frame(r) for r in first))
+    reader_ = infeed.read_records(path, compression=None, buffer_size=64)
+    assert [next(reader_) for _ in first] == first
+    with open(path, "ab") as f:                                      # appended after the reader opened it
+        f.write(b"".join(_tfrecord.frame(r) for r in later))
+        f.write(_tfrecord.frame(b"e" * 100)[:50])                   # a record still being written
+    assert [next(reader_) for _ in later] == later
+    with pytest.raises(infeed.CorruptRecordError) as info:
+        next(reader_)
+    err = info.value
+    assert (err.kind, err.record_index) == ("truncated_data", 4)
+    assert "-" not in str(err).split("bytes left")[0].split(",")[-1], str(err)
 
 
 # --- files that are not TFRecords, damaged compressed streams ------------------------------------

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tfrecord_files import write_records
 
 import infeed
 from infeed.commands.cli import main
 from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.index import RecordIndex, build_index, index_path, load_index, write_index
+from tfrecord_files import write_records
 
 RECORDS = [infeed.encode_example({"x": list(range(n)), "id": b"r%d" % n}) for n in (0, 1, 7, 300)] + [b"", b"z"]
 HEADER = struct.Struct("<8sIIQQI4x")

@@ -7,10 +7,10 @@ import struct
 import zlib
 
 import pytest
-from tfrecord_files import SAMPLE_RECORDS, write_records
 
 import infeed
 from infeed.tfrecord import _tfrecord
+from tfrecord_files import SAMPLE_RECORDS, write_records
 
 
 def test_crc32c_matches_the_standard_check_value():
