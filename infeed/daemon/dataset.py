@@ -38,7 +38,8 @@ from collections.abc import Mapping, Sequence
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import spec_from_json, spec_to_json
 from infeed.tfrecord.files import expand_files
-from infeed.tfrecord.reader import COMPRESSIONS
+from infeed.tfrecord._tfrecord import MAX_RECORD_SIZE
+from infeed.tfrecord.reader import COMPRESSIONS, read_records
 
 __all__ = ["Dataset", "PADDING_KEY"]
 
@@ -71,7 +72,9 @@ class Dataset:
     ``pyarrow.fs`` scheme), or a list of them; matched once, when the dataset is made.
     ``features``: ``{name: FixedLen | VarLen | Bytes}``. ``labels``: the names of
     the features that are labels (for the estimator, which hands them to
-    ``model_fn`` apart); they are decoded like any feature.
+    ``model_fn`` apart); they are decoded like any feature. ``max_record_size``:
+    the longest record read (default 256 MiB); a longer one is a
+    ``CorruptRecordError`` of kind ``record_too_large`` naming file and offset.
     """
 
     def __init__(self, files: str | os.PathLike | Sequence, features: Mapping, batch_size: int, *,
@@ -79,7 +82,7 @@ class Dataset:
                  seed: int = 0, num_epochs: int | None = 1, final_batch: str = "drop",
                  shard_index: int = 0, num_shards: int = 1, steps_per_slot: int = 1,
                  compression: str | None = "auto", skip_corrupt: bool = False,
-                 labels: str | Sequence[str] | None = None):
+                 labels: str | Sequence[str] | None = None, max_record_size: int = MAX_RECORD_SIZE):
         self.paths = tuple(files) if isinstance(files, _Matched) else tuple(expand_files(files))
         self.features = dict(features)
         self.parser = ExampleParser(self.features)          # checks the spec
@@ -107,6 +110,7 @@ class Dataset:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         self.compression = compression
         self.skip_corrupt = bool(skip_corrupt)
+        self.max_record_size = _positive("max_record_size", max_record_size)
         names = [labels] if isinstance(labels, str) else list(labels or ())
         missing = [n for n in names if n not in self.features]
         if missing:
@@ -148,19 +152,21 @@ class Dataset:
     def count_records(self) -> int:
         """The records of one epoch of this host's shard, from ``infeed index`` sidecars where every
         file has one, else by reading the files' framing (header CRCs and lengths; nothing decoded)."""
-        from infeed.tfrecord.reader import read_records
-
         indexes = self.indexes()
         total = 0
         for path in self.shard_paths():
             if indexes is not None:
                 total += indexes[path].count
                 continue
-            with contextlib.closing(read_records(path, compression=self.compression,
-                                                 skip_corrupt=self.skip_corrupt)) as reader:
+            with contextlib.closing(self.open_records(path)) as reader:
                 while n := reader.skip(1 << 20):
                     total += n
         return total if self.shards_by_file else len(range(self.shard_index, total, self.num_shards))
+
+    def open_records(self, path: str):
+        """A reader of ``path`` with this dataset's compression, ``skip_corrupt`` and ``max_record_size``."""
+        return read_records(path, compression=self.compression, skip_corrupt=self.skip_corrupt,
+                            max_record_size=self.max_record_size)
 
     def template(self) -> dict:
         """One batch's arrays (``{name: (shape, dtype)}``) as a ring slot holds them."""
@@ -178,19 +184,22 @@ class Dataset:
 
     def fingerprint(self) -> str:
         """A digest of everything that fixes the batch sequence except the seed (checked on resume)."""
-        doc = self.to_json()
-        del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"]
-        return _digest(doc)
+        return _digest(self._sequence_settings())
 
     def identity(self) -> dict:
         """What :meth:`fingerprint` digests, setting by setting: the files and the feature spec as
         digests, the others as they are. A feed's state carries it, so that a resume with another
         dataset names the settings that differ."""
-        doc = self.to_json()
-        del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"]
+        doc = self._sequence_settings()
         files, features = doc.pop("files"), doc.pop("features")
         return {"files": f"{len(files)} files, sha256 {_digest(files)}", "features": f"sha256 {_digest(features)}",
                 **doc}
+
+    def _sequence_settings(self) -> dict:
+        """The settings that fix the batch sequence, but for the seed (checked apart)."""
+        doc = self.to_json()
+        del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"], doc["max_record_size"]
+        return doc
 
     # --- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -201,7 +210,8 @@ class Dataset:
                 "num_epochs": self.num_epochs, "final_batch": self.final_batch,
                 "shard_index": self.shard_index, "num_shards": self.num_shards,
                 "steps_per_slot": self.steps_per_slot, "compression": self.compression,
-                "skip_corrupt": self.skip_corrupt, "labels": list(self.labels)}
+                "skip_corrupt": self.skip_corrupt, "labels": list(self.labels),
+                "max_record_size": self.max_record_size}
 
     @classmethod
     def from_json(cls, doc: Mapping, *, matched: bool = False) -> "Dataset":

@@ -16,7 +16,6 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.reader import read_records
 
 unframe = _tfrecord.unframe
 
@@ -112,8 +111,7 @@ class EpochRecords:
             if self._file + 1 >= len(self._paths):
                 return None
             self._file += 1
-            self._reader = read_records(self._paths[self._file], compression=self._ds.compression,
-                                        skip_corrupt=self._ds.skip_corrupt)
+            self._reader = self._ds.open_records(self._paths[self._file])
         return self._reader
 
     def _next_file(self) -> None:
@@ -390,7 +388,7 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[Plann
 
 def record_offset(ds, path: str, record_index: int) -> int:
     """The byte offset of record ``record_index`` of ``path``, found by its framing (for error messages)."""
-    reader = read_records(path, compression=ds.compression, skip_corrupt=ds.skip_corrupt)
+    reader = ds.open_records(path)
     try:
         reader.skip(record_index)
         return reader.tell()

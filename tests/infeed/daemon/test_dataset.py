@@ -43,3 +43,22 @@ def test_an_empty_compression_reads_plain_files_as_tensorflow_spells_it(paths):
     assert ds.count_records() == 10
     with pytest.raises(ValueError, match="compression"):
         infeed.Dataset(plain, SPEC, 4, compression="gzip")
+
+
+def test_max_record_size_reaches_the_workers_and_leaves_the_fingerprint_alone(tmp_path):
+    path = str(tmp_path / "big.tfrecord")
+    small, big = infeed.encode_example({"x": [1.0]}), infeed.encode_example({"x": [2.0], "pad": [b"z" * 500]})
+    with infeed.TFRecordWriter(path) as w:
+        for record in (small, small, big):
+            w.write(record)
+    ds = infeed.Dataset(path, SPEC, 1, max_record_size=100)
+    assert infeed.Dataset.from_json(ds.to_json()).max_record_size == 100
+    assert ds.fingerprint() == ds.replace(max_record_size=1 << 20).fingerprint()   # a resume may change it
+    with infeed.Daemon(ds, num_workers=1, slots=2, lock_memory=False) as feed:
+        assert [float(next(feed)["x"][0]) for _ in range(2)] == [1.0, 1.0]
+        with pytest.raises(infeed.CorruptRecordError) as info:
+            next(feed)
+    err = info.value
+    assert (err.kind, err.path, err.record_index, err.offset) == ("record_too_large", path, 2, 2 * (16 + len(small)))
+    with pytest.raises(ValueError, match="max_record_size"):
+        infeed.Dataset(path, SPEC, 1, max_record_size=0)
