@@ -24,6 +24,7 @@ import argparse
 import collections
 import json
 import os
+import pathlib
 import random
 import shutil
 import signal
@@ -36,13 +37,14 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import infeed  # noqa: E402
 from infeed.ring.names import names_dir  # noqa: E402
 from infeed.ring.orphans import collect, orphans  # noqa: E402
 from infeed.ring.segments import SHM_DIR, name_prefix  # noqa: E402
+from reliability.processes import SPEC, write_files  # noqa: E402   the fault tests' files: ids 0..99
 
-SPEC = {"id": infeed.FixedLen((), "int64")}
 RECORDS = 100
 ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 TRAINER = """
@@ -54,18 +56,6 @@ with infeed.Daemon(ds, num_workers=2, slots=4, lock_memory=False) as feed:
     for batch in feed:
         pass
 """
-
-
-def write_files(directory: str) -> list[str]:
-    paths, start = [], 0
-    for k, n in enumerate((40, 23, 37)):
-        path = os.path.join(directory, f"part-{k}.tfrecord")
-        with infeed.TFRecordWriter(path) as w:
-            for i in range(start, start + n):
-                w.write(infeed.encode_example({"id": [i]}))
-        paths.append(path)
-        start += n
-    return paths
 
 
 def expected(batch: int, size: int) -> list[int]:
@@ -226,7 +216,7 @@ def main(argv=None) -> int:
     token = os.urandom(8).hex()
     env = {**ENV, "INFEED_SOAK": token}
     with tempfile.TemporaryDirectory(prefix="infeed-soak-") as tmp:
-        files = write_files(tmp)
+        files = write_files(pathlib.Path(tmp))
         clients = [subprocess.Popen([sys.executable, __file__, "--client", json.dumps(
             {"files": files, "seed": k, "unshare": unshare, "seconds": args.seconds})],
             stdout=subprocess.PIPE, text=True, env=env) for k in range(args.clients)]
