@@ -5,7 +5,9 @@ The manifest, ``estimator_digests.json``, is a JSON document ``{"format", "versi
 "files": {path: {"size", "sha256"}}, "sha256"}`` whose last field is the SHA-256 of the rest (its
 keys sorted, no spaces), so a damaged manifest is refused too. It names the step it was written for:
 a checkpoint renamed to another step is refused. Paths are relative to the step's directory and
-``/``-separated; one that leaves it (absolute, or with ``..``) is refused.
+``/``-separated; one that leaves it (absolute, or with ``..``) is refused. On a local disk the manifest and
+the files it lists are read only when they are regular files (never through a symbolic link, never a FIFO)
+and never past the size the manifest records, so a planted link to ``/dev/zero`` is an error, not a hang.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 
 from etils import epath
 
+from estimator import regular_files
 from estimator.errors import CorruptCheckpointError
 
 __all__ = ["MANIFEST", "COMMIT_FILE", "STEP_METADATA", "write_manifest", "verify_manifest"]
@@ -25,6 +28,8 @@ MANIFEST = "estimator_digests.json"
 _MANIFEST_FORMAT = "estimator.checkpoint-digests"
 COMMIT_FILE = "commit_success.txt"            # orbax's last file of a complete step or item
 STEP_METADATA = "_CHECKPOINT_METADATA"         # orbax's step metadata, updated while it finalizes
+#: Bytes a manifest may take (it lists a few hundred files at most): what is past them is not read.
+_MAX_MANIFEST = 16 << 20
 
 
 def write_manifest(directory: epath.Path, step: int) -> None:
@@ -32,7 +37,7 @@ def write_manifest(directory: epath.Path, step: int) -> None:
     metadata and commit file, which it writes while committing, and which a restore does not read)."""
     names = sorted(name for name in _files(directory) if name not in (STEP_METADATA, COMMIT_FILE))
     with concurrent.futures.ThreadPoolExecutor(min(8, max(1, len(names)))) as pool:
-        digests = list(pool.map(lambda name: _digest(directory / name), names))
+        digests = list(pool.map(lambda name: _digest(directory, name), names))
     files = {name: {"size": size, "sha256": digest} for name, (size, digest) in zip(names, digests)}
     body = {"format": _MANIFEST_FORMAT, "version": 1, "step": step, "files": files}
     document = dict(body, sha256=_json_digest(body))
@@ -53,11 +58,13 @@ def verify_manifest(checkpoint: epath.Path, step: int, items: tuple[str, ...]) -
         raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(manifest_path),
                                      f"does not list the files of {' and '.join(items)}")
     with concurrent.futures.ThreadPoolExecutor(min(8, len(wanted))) as pool:
-        found = dict(zip(wanted, pool.map(lambda name: _digest(checkpoint / name), wanted)))
+        found = dict(zip(wanted, pool.map(lambda name: _digest(checkpoint, name, wanted[name]["size"]), wanted)))
     for name, entry in sorted(wanted.items()):
         size, digest = found[name]
         if size is None:
             reason = "missing"
+        elif size > entry["size"]:
+            reason = f"more than the {entry['size']} bytes written"
         elif size != entry["size"]:
             reason = f"{size} bytes, {entry['size']} were written"
         elif digest != entry["sha256"]:
@@ -81,7 +88,8 @@ def _files(directory: epath.Path, prefix: str = "") -> list[str]:
 def _read_manifest(checkpoint: epath.Path, path: epath.Path, step: int) -> dict:
     """The ``files`` of checkpoint ``step``'s manifest if its own digest verifies; CorruptCheckpointError otherwise."""
     try:
-        document = json.loads(path.read_text())
+        with _open(checkpoint, path) as f:
+            document = json.loads(f.read(_MAX_MANIFEST + 1)[:_MAX_MANIFEST])
         body = {k: v for k, v in document.items() if k != "sha256"}
         ok = document.get("format") == _MANIFEST_FORMAT and document.get("sha256") == _json_digest(body)
     except (ValueError, AttributeError, UnicodeDecodeError) as e:
@@ -102,12 +110,24 @@ def _json_digest(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _digest(path: epath.Path) -> tuple[int | None, str | None]:
-    """(size, SHA-256) of a file; (None, None) when it is missing."""
-    sha, size = hashlib.sha256(), 0
+def _open(checkpoint: epath.Path, path: epath.Path):
+    """``path`` opened for binary reading; on a local disk only a regular file (CorruptCheckpointError)."""
+    if "://" in os.fspath(path):                  # a remote store: no links nor FIFOs to fear there
+        return path.open("rb")
     try:
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
+        return regular_files.open_regular(os.fspath(path))
+    except regular_files.NotARegularFile as e:
+        raise CorruptCheckpointError(os.fspath(checkpoint), os.fspath(path), e.reason) from None
+
+
+def _digest(checkpoint: epath.Path, name: str, size_written: int | None = None) -> tuple[int | None, str | None]:
+    """(size, SHA-256) of file ``name`` of ``checkpoint``, reading at most one byte more than ``size_written``
+    when it is given; (None, None) when the file is missing."""
+    sha, size = hashlib.sha256(), 0
+    bound = float("inf") if size_written is None else size_written + 1
+    try:
+        with _open(checkpoint, checkpoint / name) as f:
+            while size < bound and (chunk := f.read(int(min(1 << 20, bound - size)))):
                 sha.update(chunk)
                 size += len(chunk)
     except FileNotFoundError:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 
+from estimator import regular_files
 from estimator.errors import CorruptExportError, ExportIntegrityError
 
 __all__ = ["SIGNATURE", "SHA256_HEX", "open_regular", "open_checked", "file_digests", "check_listing", "export_digest"]
@@ -31,26 +31,15 @@ __all__ = ["SIGNATURE", "SHA256_HEX", "open_regular", "open_checked", "file_dige
 SIGNATURE = "signature.json"
 _CHUNK = 1 << 20
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")      # how a digest is written: 64 lowercase hex digits
-_KINDS = {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
-          stat.S_IFSOCK: "socket", stat.S_IFDIR: "directory"}
-
-
 def open_regular(path: str):
-    """``path`` opened for reading in binary if it is a regular file; a symbolic link is not followed,
-    a FIFO does not block: either, a device or a missing file is :class:`CorruptExportError` naming it."""
+    """``path`` opened for reading in binary if it is a regular file (:mod:`estimator.regular_files`); a
+    symbolic link, a FIFO, a device or a missing file is :class:`CorruptExportError` naming it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return regular_files.open_regular(path)
     except FileNotFoundError:
         raise CorruptExportError(path, "it is missing") from None
-    except OSError as e:
-        if os.path.islink(path):
-            raise CorruptExportError(path, "it is a symbolic link, and export files are never followed") from None
-        raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise CorruptExportError(path, f"it is a {_KINDS.get(stat.S_IFMT(mode), 'special file')}, not a regular file")
-    return os.fdopen(fd, "rb")
+    except regular_files.NotARegularFile as e:
+        raise CorruptExportError(path, f"it is {e.reason}") from None
 
 
 def open_checked(path: str, entry: dict | None):

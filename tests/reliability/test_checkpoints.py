@@ -416,3 +416,38 @@ def test_stop_on_nan_is_on_by_default_and_can_be_turned_off(tmp_path):
     e = _estimator(tmp_path, _linear_model(nan_from=3), stop_on_nan=False)
     assert e.train(_input_fn, max_steps=10).global_step() == 10
     assert e.checkpoints.all_steps() == [5, 10]
+
+
+CHILD_RESTORE = """
+import sys
+import jax.numpy as jnp
+from estimator.checkpoints import Checkpoints
+from estimator.errors import CorruptCheckpointError
+with Checkpoints(sys.argv[1]) as ckpt:
+    try:
+        ckpt.restore({"w": jnp.zeros(1000), "b": jnp.zeros(10)})
+    except CorruptCheckpointError as e:
+        print(e.path, "|", e.reason)
+"""
+
+
+@pytest.mark.parametrize("planted", ["link to /dev/zero", "FIFO", "grown"])
+def test_a_checkpoint_file_that_is_a_link_a_fifo_or_longer_is_refused_at_once(tmp_path, planted):
+    """Restored in a child with a deadline: a link to /dev/zero, a FIFO or a file longer than written
+    would be read without end, or block, if digests were taken of whatever the path holds."""
+    checkpoint = _saved(tmp_path)
+    path = _largest_array_file(checkpoint)
+    size = path.stat().st_size
+    if planted == "grown":
+        with open(path, "ab") as f:
+            f.write(bytes(10 << 20))
+    else:
+        path.unlink()
+        os.symlink("/dev/zero", path) if planted.startswith("link") else os.mkfifo(path)
+    out = subprocess.run([sys.executable, "-c", CHILD_RESTORE, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    where, reason = out.stdout.strip().split(" | ")
+    assert where == str(path)
+    assert reason == {"link to /dev/zero": "a symbolic link, and such files are never followed",
+                      "FIFO": "a FIFO, not a regular file", "grown": f"more than the {size} bytes written"}[planted]

@@ -301,5 +301,5 @@ def test_an_export_file_that_is_not_a_regular_file_is_refused_in_bounded_memory(
         (export / name).symlink_to("/dev/zero")
     out = _load_in_a_child_with_1_gib_of_address_space(export)
     reason = "it is a FIFO, not a regular file" if kind == "FIFO" else \
-        "it is a symbolic link, and export files are never followed"
+        "it is a symbolic link, and such files are never followed"
     assert out == f"CorruptExportError refusing to load the export file {export / name}: {reason}\n"
