@@ -14,7 +14,8 @@ import stat
 from infeed.errors import AttachError
 from infeed.ring.segments import SHM_DIR, name_prefix, read_creator, read_own
 
-__all__ = ["names_dir", "is_names_dir", "private_dir_problem", "alias_path", "alias_target", "resolve_name", "write_alias", "is_served"]
+__all__ = ["names_dir", "is_names_dir", "private_dir_problem", "alias_path", "alias_target", "resolve_name",
+           "write_alias", "is_served"]
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: Bytes an alias may hold: a segment name.

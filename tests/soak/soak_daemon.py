@@ -240,7 +240,8 @@ def main(argv=None) -> int:
     figures = {"seconds": round(time.monotonic() - started, 1), "clients": args.clients,
                "pid_namespaces": unshare, **dict(sorted(totals.items())),
                "collected_by_gc_while_running": collected, "left_at_the_end_before_gc": len(left_before_gc),
-               "collected_at_the_end": collected_at_end, "leaked_after_gc": len(leaked), "leftover_processes": len(leftover),
+               "collected_at_the_end": collected_at_end, "leaked_after_gc": len(leaked),
+               "leftover_processes": len(leftover),
                "lost_or_wrong_batches": totals["wrong_batches"], "problems": problems[:10]}
     print(json.dumps(figures, indent=2))
     if args.json:
