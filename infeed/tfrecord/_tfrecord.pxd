@@ -13,6 +13,7 @@ cdef class RecordReader:
     cdef readonly str path
     cdef readonly int64_t size
     cdef readonly int64_t max_record_size
+    cdef readonly bint follow
     cdef readonly int64_t records_read
     cdef readonly bint skip_corrupt
     cdef readonly int64_t skipped_regions
@@ -28,3 +29,4 @@ cdef class RecordReader:
     cdef bint _corrupt(self, int64_t offset, str kind, str detail) except -1
     cdef int64_t _resync(self) except -1
     cdef bint _grew(self) except -1
+    cdef bint _writer_open(self) except -1

@@ -15,8 +15,10 @@ from cpython.buffer cimport PyBUF_WRITE, PyObject_GetBuffer, PyBuffer_Release, P
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
 from libc.string cimport memcpy, memmove
 
+import fcntl
 import logging
 import os
+import time
 
 from infeed.errors import CompressedStreamError, CorruptRecordError, located_os_error
 
@@ -35,6 +37,8 @@ DEF NOGIL_BYTES = 65536
 #: The longest record a reader takes by default (``max_record_size``): a length field beyond it is refused
 #: before any memory is reserved for the record, whatever the stream (a 1 MB GZIP file can declare 1 GiB).
 MAX_RECORD_SIZE = 256 << 20
+#: Seconds between two looks at a file being written, with ``follow=True``.
+FOLLOW_POLL = 0.05
 
 
 def located_io_error(OSError error, str path, int64_t record_index, int64_t offset):
@@ -162,7 +166,9 @@ cdef class RecordReader:
     ``source`` is a binary stream with ``readinto`` (or ``read``); ``size`` is
     its length in bytes when known (uncompressed files), else -1: a file that grows
     while it is read (``fileno`` tells) is measured again before a record past the
-    size known is called damaged.  A record longer than ``max_record_size`` bytes is
+    size known is called damaged; with ``follow=True`` a record cut by the end of
+    such a file is waited for while a writer still has the file open (and reported
+    as truncated once none has).  A record longer than ``max_record_size`` bytes is
     refused before anything is allocated for it (kind ``record_too_large``).  Each damaged
     record raises :class:`infeed.CorruptRecordError`, and the reader yields
     nothing after it.  With ``skip_corrupt=True`` it instead resynchronises to
@@ -173,12 +179,13 @@ cdef class RecordReader:
     # Attributes and C methods are declared in _tfrecord.pxd.
 
     def __cinit__(self, source, str path, int64_t size=-1, bint skip_corrupt=False,
-                  Py_ssize_t buffer_size=8 << 20, int64_t max_record_size=MAX_RECORD_SIZE):
+                  Py_ssize_t buffer_size=8 << 20, int64_t max_record_size=MAX_RECORD_SIZE, bint follow=False):
         if buffer_size < 64:
             raise ValueError(f"buffer_size must be at least 64 bytes, got {buffer_size}")
         if not 0 <= max_record_size <= (<int64_t>1 << 62):
             raise ValueError(f"max_record_size must be between 0 and 2**62 bytes, got {max_record_size}")
         self.max_record_size = max_record_size
+        self.follow = follow
         self.source = source
         self._readinto = getattr(source, "readinto", None)
         self.path = path
@@ -257,16 +264,20 @@ cdef class RecordReader:
         The buffer grows only as data arrives (at most doubling), so a bogus
         length never allocates more than twice what the stream really holds.
         """
-        while self.end - self.start < need and not self.eof:
-            if self.start + need > self.cap and self.start > 0:
-                memmove(self.buf, self.buf + self.start, self.end - self.start)
-                self.buf_offset += self.start
-                self.end -= self.start
-                self.start = 0
-            if need > self.cap and self.end == self.cap:
-                self._grow(min(need, self.cap * 2))
-            self._fill()
-        return 0
+        while True:
+            while self.end - self.start < need and not self.eof:
+                if self.start + need > self.cap and self.start > 0:
+                    memmove(self.buf, self.buf + self.start, self.end - self.start)
+                    self.buf_offset += self.start
+                    self.end -= self.start
+                    self.start = 0
+                if need > self.cap and self.end == self.cap:
+                    self._grow(min(need, self.cap * 2))
+                self._fill()
+            if not (self.follow and self.eof and 0 < self.end - self.start < need and self._writer_open()):
+                return 0
+            time.sleep(FOLLOW_POLL)             # a record being written: wait for the rest of it
+            self.eof = False
 
     cdef int _fail(self, int64_t index, int64_t offset, str kind, str detail) except -1:
         err = CorruptRecordError(self.path, index, offset, kind, detail)
@@ -350,6 +361,9 @@ cdef class RecordReader:
             if self.size >= 0 and (left < 0 or length > <uint64_t>left):
                 if self._grew():                # a file being appended to: judge the record by its size now
                     continue
+                if self.follow and self._writer_open():
+                    time.sleep(FOLLOW_POLL)     # its writer has not finished it: wait for the rest
+                    continue
                 total = self.size
                 if self._corrupt(offset, "length_exceeds_file" if length > <uint64_t>total else "truncated_data",
                                  f"length {length}, {total - offset - HEADER} bytes left after the header"):
@@ -426,6 +440,23 @@ cdef class RecordReader:
             return False
         self.size = now
         return True
+
+    cdef bint _writer_open(self) except -1:
+        """Whether a process has the file under the stream open for writing: a read lease (``F_SETLEASE``)
+        can only be taken when none has. False when that cannot be told (a pipe, a remote or compressed
+        stream, a file of another owner): then the end of the stream is its end."""
+        fileno = getattr(self.source, "fileno", None)
+        if fileno is None:
+            return False
+        try:
+            fd = fileno()
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except BlockingIOError:
+            return True
+        except (OSError, ValueError):
+            return False
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return False
 
     cdef int64_t _resync(self) except -1:
         """Moves ``start`` past the damage to the next offset where a whole frame verifies."""

@@ -394,7 +394,7 @@ class _Peeked:
 
 
 def read_records(path, compression="auto", skip_corrupt: bool = False, buffer_size: int = _DEFAULT_BUFFER,
-                 max_record_size: int = _tfrecord.MAX_RECORD_SIZE) -> RecordReader:
+                 max_record_size: int = _tfrecord.MAX_RECORD_SIZE, follow: bool = False) -> RecordReader:
     """Iterates over the records of a TFRecord file, checking both CRCs of each.
 
     ``compression`` is None (or ``""``, as TensorFlow spells it), ``"GZIP"``, ``"ZLIB"`` or ``"auto"``
@@ -410,8 +410,10 @@ def read_records(path, compression="auto", skip_corrupt: bool = False, buffer_si
     anything is read or reserved for it (kind ``record_too_large``), so a small
     hostile file cannot make the reader allocate what its length field claims.
     Pipes and FIFOs are read to their end; a file being appended to is read as far
-    as it holds whole records (a record its writer has not finished is reported as
-    ``truncated_data``, with the bytes really there).
+    as it holds whole records. A record its writer has not finished is reported as
+    ``truncated_data``, with the bytes really there, at once; with ``follow=True``,
+    only once no process has the file open for writing (until then the reader
+    waits for the rest of the record).
 
     >>> for record in read_records("train.tfrecord"):   # doctest: +SKIP
     ...     example = decode_example(record)
@@ -440,7 +442,7 @@ def read_records(path, compression="auto", skip_corrupt: bool = False, buffer_si
         if compression is not None:
             raw = _Decompressing(raw, compression, path, min(buffer_size, 1 << 20))
             size = -1
-        return RecordReader(raw, path, size, skip_corrupt, buffer_size, max_record_size)
+        return RecordReader(raw, path, size, skip_corrupt, buffer_size, max_record_size, follow)
     except BaseException:
         raw.close()
         raise

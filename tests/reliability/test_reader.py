@@ -15,6 +15,7 @@ import random
 import struct
 import subprocess
 import sys
+import time
 import tracemalloc
 import zlib
 
@@ -664,3 +665,33 @@ def test_arbitrary_bytes_decode_or_raise_decode_error_within_their_row(record, r
     except infeed.DecodeError as e:
         assert e.record_index == 3 and len(str(e)) < 1024
     _assert_only_row_written(out, row)
+
+
+def test_follow_waits_for_a_record_still_being_written_and_reports_a_cut_one_once_its_writer_closed(tmp_path):
+    """follow=True: a record cut by the end of the file is waited for while a writer has the file open
+    (the reader knows it by a read lease it cannot take), and is truncated_data once none has."""
+    path = tmp_path / "live.tfrecord"
+    done, cut = _tfrecord.frame(b"a" * 10), _tfrecord.frame(b"b" * 300)
+    writer = open(path, "wb", buffering=0)
+    writer.write(done + cut[:100])
+    reader_ = infeed.read_records(path, compression=None, buffer_size=64, follow=True)
+    assert next(reader_) == b"a" * 10
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(next, reader_)
+        time.sleep(0.3)
+        assert not waiting.done()                                   # the writer still has it open: it waits
+        writer.write(cut[100:] + _tfrecord.frame(b"c") + b"\x05\x00")
+        assert waiting.result(timeout=30) == b"b" * 300
+        assert next(reader_) == b"c"
+        stuck = pool.submit(next, reader_)                           # 2 bytes of a header, writer open
+        time.sleep(0.3)
+        assert not stuck.done()
+        writer.close()
+        with pytest.raises(infeed.CorruptRecordError) as info:
+            stuck.result(timeout=30)
+    assert (info.value.kind, info.value.record_index) == ("truncated_header", 3)
+    # without follow, the same cut record is reported at once
+    reader_ = infeed.read_records(path, compression=None)
+    assert [next(reader_) for _ in range(3)] == [b"a" * 10, b"b" * 300, b"c"]
+    with pytest.raises(infeed.CorruptRecordError, match="2 of 12 header bytes"):
+        next(reader_)
