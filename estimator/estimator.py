@@ -57,6 +57,10 @@ class Estimator:
             raise ArgumentTypeError("model_fn and init_fn must be functions")
         if not isinstance(config, RunConfig):
             raise ArgumentTypeError(f"config must be an estimator.RunConfig, got {type(config).__name__}")
+        if optimizer is not None and not (callable(getattr(optimizer, "init", None))
+                                          and callable(getattr(optimizer, "update", None))):
+            raise ArgumentTypeError(f"optimizer must be an optax.GradientTransformation (init and update) or None, "
+                                    f"got {type(optimizer).__name__}")
         if config.distributed and not jax.distributed.is_initialized():
             jax.distributed.initialize(config.coordinator_address, config.num_processes, config.process_id)
         self.model_fn, self.init_fn, self.optimizer, self.config = model_fn, init_fn, optimizer, config

@@ -246,6 +246,8 @@ class LoadedModel:
     """
 
     def __init__(self, directory, *, verify: bool = True, expected_digest: str | None = None):
+        if not isinstance(directory, (str, os.PathLike)):
+            raise ArgumentTypeError(f"an export directory is a path, got {type(directory).__name__}")
         directory = os.fspath(directory)
         if expected_digest is not None and not (verify and isinstance(expected_digest, str)
                                                 and SHA256_HEX.fullmatch(expected_digest)):

@@ -93,6 +93,7 @@ class HostCallError(RuntimeError):
 def host_call(fn: Callable, *arrays) -> None:
     """From inside a step: ``fn(*arrays)`` on the host with numpy copies of ``arrays``
     (arrays or pytrees of arrays, whole global values), once per step, in step order."""
+    _check_function("host_call", fn)
     _emit(fn, False, current_step(), arrays)
 
 
@@ -102,6 +103,7 @@ def every_n(n: int, fn: Callable, *arrays) -> None:
     on the other steps."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"every_n needs a positive int n, got {n!r}")
+    _check_function("every_n", fn)
     step = current_step()
     jax.lax.cond(step % n == 0, lambda step, arrays: _emit(fn, True, step, arrays), lambda step, arrays: None,
                  step, arrays)
@@ -124,6 +126,11 @@ def _gathered(x):
     if mesh.empty or not mesh.are_all_axes_auto:
         return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P()))
+
+
+def _check_function(name: str, fn) -> None:
+    if not callable(fn):
+        raise TypeError(f"{name} needs a function to run on the host, got {type(fn).__name__}")
 
 
 def _emit(fn: Callable, with_step: bool, step, arrays: tuple) -> None:

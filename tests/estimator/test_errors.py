@@ -122,3 +122,11 @@ def test_a_damaged_or_missing_export_is_named(tmp_path):
     assert error.value.path == str(variables)
     with pytest.raises(est.NotAnExportError, match="is not an export: it has no signature.json"):
         load_exported(tmp_path)
+
+
+def test_an_optimizer_or_an_export_path_of_the_wrong_type_is_named():
+    config = est.RunConfig(model_dir="/tmp/estimator-errors-optimizer")
+    with pytest.raises(est.ArgumentTypeError, match="optimizer must be an optax.GradientTransformation .* got int"):
+        est.Estimator(lambda *a: None, lambda *a: None, optimizer=5, config=config)
+    with pytest.raises(est.ArgumentTypeError, match="an export directory is a path, got NoneType"):
+        est.load_exported(None)

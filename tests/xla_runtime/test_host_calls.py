@@ -206,3 +206,10 @@ def test_cost_of_a_host_call_per_step(mesh_name):
     assert len(calls) == 6 * steps
     print(f"\n{mesh_name}: {timings['plain']:.1f} us/step without, {timings['host_call']:.1f} us/step with one "
           f"host_call: {timings['host_call'] - timings['plain']:.1f} us per call")
+
+
+def test_a_host_function_that_is_not_callable_is_named_before_anything_is_traced():
+    with pytest.raises(TypeError, match="host_call needs a function to run on the host, got int"):
+        host_call(5)
+    with pytest.raises(TypeError, match="every_n needs a function to run on the host, got str"):
+        every_n(2, "print")
