@@ -123,13 +123,8 @@ def _open(checkpoint: epath.Path, path: epath.Path):
 def _digest(checkpoint: epath.Path, name: str, size_written: int | None = None) -> tuple[int | None, str | None]:
     """(size, SHA-256) of file ``name`` of ``checkpoint``, reading at most one byte more than ``size_written``
     when it is given; (None, None) when the file is missing."""
-    sha, size = hashlib.sha256(), 0
-    bound = float("inf") if size_written is None else size_written + 1
     try:
         with _open(checkpoint, checkpoint / name) as f:
-            while size < bound and (chunk := f.read(int(min(1 << 20, bound - size)))):
-                sha.update(chunk)
-                size += len(chunk)
+            return regular_files.sha256_of(f, size_written)
     except FileNotFoundError:
         return None, None
-    return size, sha.hexdigest()

@@ -19,7 +19,6 @@ A size is trusted only of a regular file opened without following a symbolic lin
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 
@@ -29,7 +28,6 @@ from estimator.errors import CorruptExportError, ExportIntegrityError
 __all__ = ["SIGNATURE", "SHA256_HEX", "open_regular", "open_checked", "file_digests", "check_listing", "export_digest"]
 
 SIGNATURE = "signature.json"
-_CHUNK = 1 << 20
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")      # how a digest is written: 64 lowercase hex digits
 def open_regular(path: str):
     """``path`` opened for reading in binary if it is a regular file (:mod:`estimator.regular_files`); a
@@ -48,22 +46,13 @@ def open_checked(path: str, entry: dict | None):
     f = open_regular(path)
     if entry is None:
         return f
-    size, digest = _digest(f)
+    size, digest = regular_files.sha256_of(f)
     if size != entry["size"] or digest != entry["sha256"]:
         f.close()
         raise CorruptExportError(path, f"it has {size} bytes, {entry['size']} were exported" if size != entry["size"]
                                  else "its SHA-256 differs from the one recorded when it was exported")
     f.seek(0)
     return f
-
-
-def _digest(f) -> tuple[int, str]:
-    """(size, SHA-256) of what is left to read of ``f``, read a chunk at a time."""
-    sha, size = hashlib.sha256(), 0
-    while chunk := f.read(_CHUNK):
-        sha.update(chunk)
-        size += len(chunk)
-    return size, sha.hexdigest()
 
 
 def _names(directory: str, prefix: str = "") -> list[str]:
@@ -84,7 +73,7 @@ def file_digests(directory: str) -> dict[str, dict]:
     for name in sorted(_names(directory)):
         if name != SIGNATURE:
             with open_regular(os.path.join(directory, name)) as f:
-                size, digest = _digest(f)
+                size, digest = regular_files.sha256_of(f)
             files[name] = {"size": size, "sha256": digest}
     return files
 
@@ -130,4 +119,4 @@ def export_digest(directory) -> str:
     64
     """
     with open_regular(os.path.join(os.fspath(directory), SIGNATURE)) as f:
-        return _digest(f)[1]
+        return regular_files.sha256_of(f)[1]

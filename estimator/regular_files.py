@@ -7,11 +7,12 @@ their own error naming the file.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from typing import BinaryIO
 
-__all__ = ["NotARegularFile", "open_regular"]
+__all__ = ["NotARegularFile", "open_regular", "sha256_of"]
 
 _KINDS = {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
           stat.S_IFSOCK: "socket", stat.S_IFDIR: "directory"}
@@ -41,3 +42,14 @@ def open_regular(path: str) -> BinaryIO:
         os.close(fd)
         raise NotARegularFile(path, f"a {_KINDS.get(stat.S_IFMT(mode), 'special file')}, not a regular file")
     return os.fdopen(fd, "rb")
+
+
+def sha256_of(f, limit: int | None = None) -> tuple[int, str]:
+    """(bytes read, SHA-256 hex) of what is left to read of ``f``, a chunk at a time; with ``limit``, no
+    more than ``limit + 1`` bytes are read (one past it tells a file longer than expected)."""
+    sha, size = hashlib.sha256(), 0
+    bound = float("inf") if limit is None else limit + 1
+    while size < bound and (chunk := f.read(int(min(1 << 20, bound - size)))):
+        sha.update(chunk)
+        size += len(chunk)
+    return size, sha.hexdigest()

@@ -38,8 +38,7 @@ from collections.abc import Mapping, Sequence
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import spec_from_json, spec_to_json
 from infeed.tfrecord.files import expand_files
-from infeed.tfrecord._tfrecord import MAX_RECORD_SIZE
-from infeed.tfrecord.reader import COMPRESSIONS, read_records
+from infeed.tfrecord.reader import COMPRESSIONS, MAX_RECORD_SIZE, read_records
 
 __all__ = ["Dataset", "PADDING_KEY"]
 

@@ -40,13 +40,14 @@ HEADER = np.dtype([
     ("creator_pid", "<i8"), ("creator_uid", "<u4"), ("steps_per_slot", "<u4"),
     ("data_offset", "<u8"), ("total_size", "<u8"), ("layout_offset", "<u8"), ("layout_len", "<u8"),
     ("sem_offset", "<u8"), ("table_offset", "<u8"), ("workers_offset", "<u8"), ("error_offset", "<u8"),
-    ("creator_start", "<i8"), ("created_unix_ns", "<i8"), ("stop", "<u4"), ("_pad", "<u4"),
+    ("created_unix_ns", "<i8"), ("stop", "<u4"), ("_pad", "<u4"),
     ("taken", "<i8"), ("stall_ns", "<i8"), ("cursor", "<i8", (2,)),
     ("meta_offset", "<u8"), ("meta_len", "<u8"),
 ])
 SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i8"), ("steps", "<i8"),
                  ("cursor", "<i8", (2,))])
-WORKER = np.dtype([("pid", "<i8"), ("start_time", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
+# ``_reserved``: the worker's start time until version 3 (liveness is a lock now, see infeed.ring.locks).
+WORKER = np.dtype([("pid", "<i8"), ("_reserved", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
                    ("records", "<i8"), ("bytes", "<i8"), ("busy_ns", "<i8"), ("wait_ns", "<i8")])
 ERROR = np.dtype([("set", "<u4"), ("signal", "<i4"), ("pid", "<i8"), ("len", "<u8"), ("_pad", "<u8"),
                   ("payload", "u1", (ERROR_PAYLOAD,))])

@@ -1,5 +1,4 @@
-"""Whether a process lives, and what it is doing, from ``/proc``: a pid alone can be reused, so a process
-is known by its pid *and* its start time."""
+"""What a process is doing, from ``/proc`` (for messages), and a liveness check for child processes."""
 
 from __future__ import annotations
 
@@ -7,20 +6,7 @@ from typing import Callable
 
 from infeed.errors import WorkerDied
 
-__all__ = ["start_time", "process_state", "watch_processes"]
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot), or None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
+__all__ = ["process_state", "watch_processes"]
 
 
 #: What the state letter of /proc/PID/stat says of a process, in words.

@@ -65,7 +65,6 @@ from infeed.ring.failures import ProducerFailure, decode_failure, encode_failure
 from infeed.ring.layout import (ERROR, ERROR_PAYLOAD, HEADER, HEADER_SIZE, HEADER_STOP, HEADER_WORDS, MAGIC, READY,
                                 SEM_STRIDE, SLOT, SLOT_WORDS, VERSION, WORKER, WORKER_WORDS, header_problem,
                                 layout_from_json, layout_json, layout_of, segment_plan, slot_plan)
-from infeed.ring.processes import start_time
 from infeed.ring.segments import SHM_DIR, create_private, free_bytes, install_sigterm_cleanup, unlink_owned
 from infeed.ring.slots import FILLED, FREE, READING, STATE_NAMES, WRITING, SlotInfo
 
@@ -167,7 +166,7 @@ class Ring:
             h["magic"], h["version"], h["layout_hash"] = MAGIC, VERSION, hashlib.sha256(layout_bytes).digest()
             h["slots"], h["max_workers"], h["slot_size"] = slots, max_workers, slot_size
             h["creator_pid"], h["creator_uid"], h["steps_per_slot"] = pid, os.getuid(), steps_per_slot
-            h["creator_start"], h["created_unix_ns"] = start_time(pid) or 0, time.time_ns()
+            h["created_unix_ns"] = time.time_ns()
             h["data_offset"], h["total_size"] = plan.data, plan.total
             h["layout_offset"], h["layout_len"] = plan.layout, len(layout_bytes)
             h["sem_offset"], h["table_offset"] = plan.semaphores, plan.table
@@ -416,7 +415,7 @@ class Ring:
         self._locked_workers.add(index)
         pid = os.getpid()
         w = self._workers[index]
-        w["start_time"], w["beat_ns"], w["batches"] = start_time(pid) or 0, time.monotonic_ns(), 0
+        w["beat_ns"], w["batches"] = time.monotonic_ns(), 0
         w["pid"] = pid
 
     def workers(self) -> list[dict]:

@@ -14,9 +14,11 @@ from infeed.errors import CompressedStreamError, located_os_error
 from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.files import path_str
 
-__all__ = ["read_records", "open_input", "open_random_access", "COMPRESSIONS", "RecordReader"]
+__all__ = ["read_records", "open_input", "open_random_access", "COMPRESSIONS", "MAX_RECORD_SIZE", "RecordReader"]
 
 RecordReader = _tfrecord.RecordReader
+#: The longest record a reader takes unless told otherwise (``max_record_size``).
+MAX_RECORD_SIZE = _tfrecord.MAX_RECORD_SIZE
 
 #: Accepted values of ``compression``: ``""`` is TensorFlow's spelling of None (no compression).
 COMPRESSIONS = (None, "", "GZIP", "ZLIB", "auto")
@@ -394,7 +396,7 @@ class _Peeked:
 
 
 def read_records(path, compression="auto", skip_corrupt: bool = False, buffer_size: int = _DEFAULT_BUFFER,
-                 max_record_size: int = _tfrecord.MAX_RECORD_SIZE, follow: bool = False) -> RecordReader:
+                 max_record_size: int = MAX_RECORD_SIZE, follow: bool = False) -> RecordReader:
     """Iterates over the records of a TFRecord file, checking both CRCs of each.
 
     ``compression`` is None (or ``""``, as TensorFlow spells it), ``"GZIP"``, ``"ZLIB"`` or ``"auto"``
