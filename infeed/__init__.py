@@ -6,7 +6,7 @@ The sub-packages follow a batch's path: :mod:`infeed.tfrecord` (files and record
 """
 
 from infeed import _native  # noqa: F401  (first: an unbuilt checkout fails saying how to build it)
-from infeed.daemon import Batch, Daemon, Dataset, Feed, attach
+from infeed.daemon import Batch, Daemon, Dataset, Feed, InputStats, attach
 from infeed.errors import (AttachError, CorruptRecordError, DecodeError, IndexFileError, InfeedError, ShmSpaceError,
                            Timeout, WorkerDied)
 from infeed.example import (Bytes, ExampleParser, FixedLen, Padded, VarLen, decode_example, encode_example,
@@ -27,6 +27,7 @@ __all__ = [
     "FixedLen",
     "IndexFileError",
     "InfeedError",
+    "InputStats",
     "Padded",
     "Ring",
     "ShmSpaceError",

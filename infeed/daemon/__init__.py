@@ -4,5 +4,6 @@ ring, and the trainer iterates a :class:`Feed` of zero-copy batches, in order, r
 from infeed.daemon.daemon import Daemon
 from infeed.daemon.dataset import Dataset
 from infeed.daemon.feed import Batch, Feed, attach
+from infeed.daemon.input_stats import InputStats
 
-__all__ = ["Batch", "Daemon", "Dataset", "Feed", "attach"]
+__all__ = ["Batch", "Daemon", "Dataset", "Feed", "InputStats", "attach"]

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from infeed.daemon.dataset import Dataset
+from infeed.daemon.input_stats import InputStats
 from infeed.errors import InfeedError, Timeout, WorkerDied
 from infeed.example.spec import Padded
 from infeed.ring import Ring
@@ -86,7 +87,7 @@ class Feed:
         #: Whether the slots are registered with CUDA as pinned memory (a CUDA GPU is present).
         self.pinned = ring.pin()
         self._check_for = check
-        self._next = ring.consumer_counters()["taken"]
+        self._next = self._first = ring.consumer_counters()["taken"]
         self._held: int | None = None
         self._ended = False
         self._views: list = [None] * ring.slots
@@ -125,7 +126,7 @@ class Feed:
                 raise InfeedError(f"ring {ring.name}: a worker failed at batch {seq} without saying why")
             error.raise_()
         if info.flags & SLOT_END:
-            ring.count_taken(seq - 1, info.cursor, waited)
+            ring.count_taken(seq - 1, info.cursor, waited, first=seq == self._first)
             ring.release(slot)
             self._ended = True
             raise StopIteration
@@ -137,7 +138,7 @@ class Feed:
             batch = Batch({name: Padded(v.values[:info.steps], v.lengths[:info.steps]) if isinstance(v, Padded)
                            else v[:info.steps] for name, v in views.items()})
         batch.seq, batch._feed = seq, self
-        ring.count_taken(seq, info.cursor, waited)
+        ring.count_taken(seq, info.cursor, waited, first=seq == self._first)
         self._held, self._next = seq, seq + 1
         return batch
 
@@ -186,6 +187,12 @@ class Feed:
         epoch, batch = self.ring.consumer_counters()["cursor"]
         return {"version": STATE_VERSION, "epoch": epoch, "batch": batch, "seed": self.dataset.seed,
                 "fingerprint": self._fingerprint, "dataset": dict(self._identity)}
+
+    def stats(self) -> InputStats:
+        """Where the input's time went since the ring was made: per stage, for the consumer and each worker,
+        and the bottleneck in a sentence (see :mod:`infeed.daemon.input_stats`). ``later.since(earlier)``
+        covers the time between two calls."""
+        return InputStats.read(self.ring)
 
     @property
     def batch_size(self) -> int:

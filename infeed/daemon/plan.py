@@ -11,13 +11,14 @@ buffer, straight into the ring slot, with no bytes object in between.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
 from infeed.tfrecord import _tfrecord
 
-unframe = _tfrecord.unframe
+unframe, count_read = _tfrecord.unframe, _tfrecord.count_read
 
 __all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "IndexedFiles", "epoch_paths", "epoch_order",
            "epoch_batches", "exists", "record_offset"]
@@ -347,10 +348,13 @@ class IndexedFiles:
     def read(self, path: str, offset: int, length: int, index: int) -> bytes:
         from infeed.tfrecord.reader import open_random_access
 
+        began = time.monotonic_ns()
         f = self._open.get(path)
         if f is None:
             f = self._open[path] = open_random_access(path)
-        return unframe(f.read_at(offset, length + 16), path, index, offset, length)
+        frame = f.read_at(offset, length + 16)
+        count_read(time.monotonic_ns() - began, len(frame))
+        return unframe(frame, path, index, offset, length)
 
     def close(self) -> None:
         for f in self._open.values():

@@ -29,6 +29,7 @@ from infeed.errors import DecodeError, InfeedError
 from infeed.example.spec import Padded
 from infeed.ring import Ring
 from infeed.ring.slots import REPORTED_ERROR, SLOT_END, SLOT_ERROR
+from infeed.tfrecord._tfrecord import stage_counters
 
 __all__ = ["Producer", "main"]
 
@@ -53,7 +54,7 @@ class Producer:
 
     # --- the ring ---------------------------------------------------------------------------
     def _check(self) -> None:
-        self.ring.count_work(self.index)
+        self.ring.count_work(self.index, readers=stage_counters())
         if self.ring.stop_requested:
             raise Stopped()
         self.ring.check_owner()
@@ -113,19 +114,24 @@ class Producer:
                 for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes):
                     unit, step = divmod(done, per_slot)
                     if unit % w == k:
-                        busy = time.monotonic_ns()
                         if slot is None:             # else still held for this unit (see below)
                             slot = self._acquire(unit)
-                            busy = time.monotonic_ns()
+                        before = stage_counters()
+                        began = time.monotonic_ns()
                         count, nbytes = self._fill(slot, step, planned)
+                        filled = time.monotonic_ns() - began
+                        after = stage_counters()
+                        # Decoding is the fill's time less the reads and CRCs made within it.
+                        decode_ns = filled - sum(after[c] - before[c] for c in ("read_ns", "crc_ns"))
                         if not exists(ds, count):    # read as decoded: the epoch ended before this batch
+                            ring.count_work(k, decode_ns=decode_ns, readers=after)
                             continue
                         last = step == per_slot - 1
                         if last:
                             ring.publish(slot, unit, cursor=(epoch, planned.index + 1))
                             slot = None
-                        ring.count_work(k, batches=last, records=count, nbytes=nbytes,
-                                        busy_ns=time.monotonic_ns() - busy)
+                        ring.count_work(k, batches=last, records=count, nbytes=nbytes, decode_ns=decode_ns,
+                                        readers=after)
                     done += 1
                     if time.monotonic() - self._last_check > 0.5:
                         self._last_check = time.monotonic()

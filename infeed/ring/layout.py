@@ -20,12 +20,13 @@ from infeed.example.spec import Padded
 from infeed.ring import _ring
 
 __all__ = ["MAGIC", "VERSION", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
-           "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "HEADER_WORDS", "HEADER_STOP", "SegmentPlan", "align",
+           "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "WORKER_FIELDS", "HEADER_WORDS", "HEADER_STOP", "SegmentPlan", "align",
            "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan", "header_problem"]
 
 MAGIC = b"INFEEDRB"
 #: 3: the creator and the workers hold locks (:mod:`infeed.ring.locks`); liveness no longer reads pids.
-VERSION = 3
+#: 4: per-stage counters in the worker table (:data:`WORKER`), the ring's start time in the header.
+VERSION = 4
 #: The header's ``state`` once the creator has written everything: attachers refuse a ring before that.
 READY = 1
 ALIGN = 64
@@ -42,13 +43,19 @@ HEADER = np.dtype([
     ("sem_offset", "<u8"), ("table_offset", "<u8"), ("workers_offset", "<u8"), ("error_offset", "<u8"),
     ("created_unix_ns", "<i8"), ("stop", "<u4"), ("_pad", "<u4"),
     ("taken", "<i8"), ("stall_ns", "<i8"), ("cursor", "<i8", (2,)),
-    ("meta_offset", "<u8"), ("meta_len", "<u8"),
+    ("meta_offset", "<u8"), ("meta_len", "<u8"), ("started_ns", "<i8"), ("startup_ns", "<i8"),
 ])
 SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i8"), ("steps", "<i8"),
                  ("cursor", "<i8", (2,))])
-# ``_reserved``: the worker's start time until version 3 (liveness is a lock now, see infeed.ring.locks).
-WORKER = np.dtype([("pid", "<i8"), ("_reserved", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
-                   ("records", "<i8"), ("bytes", "<i8"), ("busy_ns", "<i8"), ("wait_ns", "<i8")])
+#: A worker's entry: its pid (a hint for messages), when it registered and last beat (``time.monotonic_ns``),
+#: what it delivered (``bytes``: of the records decoded), and its time per stage since it registered:
+#: ``read_ns`` (opening and reading files, ``inflate_ns`` within it), ``crc_ns``, ``decode_ns`` (into the
+#: slot) and ``wait_ns`` (for a free slot); ``read_bytes`` came out of its streams (inflated),
+#: ``compressed_bytes`` went into inflating. Its other time is planning and moving past others' records.
+WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
+                   ("records", "<i8"), ("bytes", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"),
+                   ("crc_ns", "<i8"), ("decode_ns", "<i8"), ("wait_ns", "<i8"), ("read_bytes", "<i8"),
+                   ("compressed_bytes", "<i8")])
 ERROR = np.dtype([("set", "<u4"), ("signal", "<i4"), ("pid", "<i8"), ("len", "<u8"), ("_pad", "<u8"),
                   ("payload", "u1", (ERROR_PAYLOAD,))])
 #: Bytes between two semaphores (each on its own cache line).
@@ -56,7 +63,10 @@ SEM_STRIDE = ALIGN
 #: int64 words of a slot-table and a worker-table entry.
 SLOT_WORDS, WORKER_WORDS = SLOT.itemsize // 8, WORKER.itemsize // 8
 #: int64 word index of the header's consumer fields, and uint32 index of its stop flag.
-HEADER_WORDS = {name: HEADER.fields[name][1] // 8 for name in ("taken", "stall_ns", "cursor")}
+HEADER_WORDS = {name: HEADER.fields[name][1] // 8 for name in ("taken", "stall_ns", "cursor", "started_ns",
+                                                                     "startup_ns")}
+#: int64 word index of each field within a worker-table entry.
+WORKER_FIELDS = {name: WORKER.fields[name][1] // 8 for name in WORKER.names}
 HEADER_STOP = HEADER.fields["stop"][1] // 4
 assert all(HEADER.fields[n][1] % 8 == 0 for n in HEADER_WORDS) and HEADER.fields["stop"][1] % 4 == 0
 assert SLOT.itemsize % 8 == 0 and WORKER.itemsize % 8 == 0

@@ -63,12 +63,17 @@ from infeed.example.spec import Padded
 from infeed.ring import _ring, locks
 from infeed.ring.failures import ProducerFailure, decode_failure, encode_failure
 from infeed.ring.layout import (ERROR, ERROR_PAYLOAD, HEADER, HEADER_SIZE, HEADER_STOP, HEADER_WORDS, MAGIC, READY,
-                                SEM_STRIDE, SLOT, SLOT_WORDS, VERSION, WORKER, WORKER_WORDS, header_problem,
+                                SEM_STRIDE, SLOT, SLOT_WORDS, VERSION, WORKER, WORKER_FIELDS, WORKER_WORDS,
+                                header_problem,
                                 layout_from_json, layout_json, layout_of, segment_plan, slot_plan)
 from infeed.ring.segments import SHM_DIR, create_private, free_bytes, install_sigterm_cleanup, unlink_owned
 from infeed.ring.slots import FILLED, FREE, READING, STATE_NAMES, WRITING, SlotInfo
 
 __all__ = ["Ring"]
+
+_W = WORKER_FIELDS
+#: The worker-table fields a worker's record readers count (stored as totals, see :meth:`Ring.count_work`).
+_READER_FIELDS = ("read_ns", "inflate_ns", "crc_ns", "read_bytes", "compressed_bytes")
 
 #: How often a waiter wakes to check its peer is alive (it wakes at once on a post).
 CHECK_INTERVAL = 0.1
@@ -166,7 +171,7 @@ class Ring:
             h["magic"], h["version"], h["layout_hash"] = MAGIC, VERSION, hashlib.sha256(layout_bytes).digest()
             h["slots"], h["max_workers"], h["slot_size"] = slots, max_workers, slot_size
             h["creator_pid"], h["creator_uid"], h["steps_per_slot"] = pid, os.getuid(), steps_per_slot
-            h["created_unix_ns"] = time.time_ns()
+            h["created_unix_ns"], h["started_ns"] = time.time_ns(), time.monotonic_ns()
             h["data_offset"], h["total_size"] = plan.data, plan.total
             h["layout_offset"], h["layout_len"] = plan.layout, len(layout_bytes)
             h["sem_offset"], h["table_offset"] = plan.semaphores, plan.table
@@ -415,16 +420,26 @@ class Ring:
         self._locked_workers.add(index)
         pid = os.getpid()
         w = self._workers[index]
-        w["beat_ns"], w["batches"] = time.monotonic_ns(), 0
+        for name in WORKER.names:
+            w[name] = 0
+        w["started_ns"] = w["beat_ns"] = time.monotonic_ns()
         w["pid"] = pid
 
     def workers(self) -> list[dict]:
-        """The registered workers: index, pid, seconds since their last heartbeat, and their counters."""
+        """The registered workers: index, pid, seconds since they registered (``elapsed_s``) and since their
+        last heartbeat, and their counters (:data:`~infeed.ring.layout.WORKER`; ``*_ns`` as ``*_s`` seconds)."""
         now = time.monotonic_ns()
-        return [{"index": k, "pid": int(w["pid"]), "since_beat": (now - int(w["beat_ns"])) / 1e9,
-                 "batches": int(w["batches"]), "records": int(w["records"]), "bytes": int(w["bytes"]),
-                 "busy_s": int(w["busy_ns"]) / 1e9, "wait_s": int(w["wait_ns"]) / 1e9}
-                for k, w in enumerate(self._workers) if w["pid"] > 0]
+        out = []
+        for k, w in enumerate(self._workers):
+            if w["pid"] <= 0:
+                continue
+            entry = {"index": k, "pid": int(w["pid"]), "elapsed_s": (now - int(w["started_ns"])) / 1e9,
+                     "since_beat": (now - int(w["beat_ns"])) / 1e9}
+            for name in WORKER.names[3:]:
+                value = int(w[name])
+                entry.update({name[:-3] + "_s": value / 1e9} if name.endswith("_ns") else {name: value})
+            out.append(entry)
+        return out
 
     def check_workers(self) -> None:
         """Raises :class:`~infeed.WorkerDied` when a registered worker no longer holds its lock: it has
@@ -436,29 +451,37 @@ class Ring:
                 raise WorkerDied(pid, detail=f"worker {k} registered with ring {self.name}, no longer running")
 
     def count_work(self, index: int, batches: int = 0, records: int = 0, nbytes: int = 0,
-                   busy_ns: int = 0, wait_ns: int = 0) -> None:
-        """Adds to worker ``index``'s counters (what :meth:`workers` reports) and beats its heart."""
-        w, q = self._worker0 + WORKER_WORDS * index, self._q
-        q[w + 2] = time.monotonic_ns()
-        q[w + 3] += batches
-        q[w + 4] += records
-        q[w + 5] += nbytes
-        q[w + 6] += busy_ns
-        q[w + 7] += wait_ns
+                   decode_ns: int = 0, wait_ns: int = 0, readers: dict | None = None) -> None:
+        """Adds to worker ``index``'s counters (what :meth:`workers` reports) and beats its heart.
 
-    def count_taken(self, seq: int, cursor: tuple[int, int], waited_ns: int) -> None:
+        ``readers``: the totals of the worker's record readers so far
+        (``infeed.tfrecord._tfrecord.stage_counters()``), stored as they are."""
+        w, q = self._worker0 + WORKER_WORDS * index, self._q
+        q[w + _W["beat_ns"]] = time.monotonic_ns()
+        q[w + _W["batches"]] += batches
+        q[w + _W["records"]] += records
+        q[w + _W["bytes"]] += nbytes
+        q[w + _W["decode_ns"]] += decode_ns
+        q[w + _W["wait_ns"]] += wait_ns
+        if readers is not None:
+            for name in _READER_FIELDS:
+                q[w + _W[name]] = readers[name]
+
+    def count_taken(self, seq: int, cursor: tuple[int, int], waited_ns: int, first: bool = False) -> None:
         """The consumer took batch ``seq`` (``cursor``: where the input resumes after it)
-        after waiting ``waited_ns`` for it."""
+        after waiting ``waited_ns`` for it; ``first``: its first batch (the wait is start-up)."""
         h, q = HEADER_WORDS, self._q
         q[h["taken"]] = seq + 1
         q[h["cursor"]], q[h["cursor"] + 1] = cursor
-        q[h["stall_ns"]] += waited_ns
+        q[h["startup_ns" if first else "stall_ns"]] += waited_ns
 
     def consumer_counters(self) -> dict:
-        """The consumer's counters: batches taken, seconds spent waiting for them, and its cursor."""
+        """The consumer's counters: batches taken, seconds spent waiting for them (the first apart:
+        ``startup_s``), its cursor, and the seconds since the ring was made (``elapsed_s``)."""
         h, q = HEADER_WORDS, self._q
-        return {"taken": q[h["taken"]], "stall_s": q[h["stall_ns"]] / 1e9,
-                "cursor": (q[h["cursor"]], q[h["cursor"] + 1])}
+        return {"taken": q[h["taken"]], "stall_s": q[h["stall_ns"]] / 1e9, "startup_s": q[h["startup_ns"]] / 1e9,
+                "cursor": (q[h["cursor"]], q[h["cursor"] + 1]),
+                "elapsed_s": (time.monotonic_ns() - q[h["started_ns"]]) / 1e9}
 
     def request_stop(self) -> None:
         """Asks the producers to stop, waking those that wait for a free slot."""

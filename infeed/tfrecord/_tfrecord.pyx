@@ -14,6 +14,7 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.buffer cimport PyBUF_WRITE, PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t
 from libc.string cimport memcpy, memmove
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 import fcntl
 import logging
@@ -39,6 +40,84 @@ DEF NOGIL_BYTES = 65536
 MAX_RECORD_SIZE = 256 << 20
 #: Seconds between two looks at a file being written, with ``follow=True``.
 FOLLOW_POLL = 0.05
+
+
+# --- stage counters -------------------------------------------------------------------------------
+# What every reader of this process spent reading and checking, for a worker to report per stage
+# (infeed.ring: the worker table): nanoseconds of CLOCK_MONOTONIC (time.monotonic_ns's clock) and bytes.
+# Process-wide and unlocked: a worker reads records from one thread.
+DEF C_READ_NS = 0           # in the stream's read/readinto (and opening files): I/O, and inflating when compressed
+DEF C_READ_BYTES = 1        # bytes the streams handed over (inflated bytes when compressed)
+DEF C_CRC_TIMED_NS = 2      # data CRCs timed (see crc_timed)
+DEF C_CRC_TIMED_BYTES = 3
+DEF C_CRC_BYTES = 4         # all bytes whose data CRC was checked
+DEF C_INFLATE_NS = 5        # inflating GZIP/ZLIB streams (within C_READ_NS)
+DEF C_COMPRESSED_BYTES = 6  # compressed bytes read by those streams
+DEF C_CRC_CALLS = 7
+DEF N_COUNTERS = 8
+#: A record's data CRC is timed when it has at least this many bytes, and otherwise once in
+#: CRC_SAMPLE records: two clock reads (~25 ns each) per small record would cost more than the CRC
+#: itself; the time of the others is estimated from the bytes timed (the CRC's cost is per byte).
+DEF CRC_TIMED_BYTES = 16384
+DEF CRC_SAMPLE = 16
+cdef int64_t counters[N_COUNTERS]
+
+
+cdef inline int64_t now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef inline bint crc_timed(Py_ssize_t length) noexcept nogil:
+    """Whether to time this record's CRC (every call counts towards the sampling)."""
+    counters[C_CRC_CALLS] += 1
+    return length >= CRC_TIMED_BYTES or counters[C_CRC_CALLS] % CRC_SAMPLE == 0
+
+
+cdef inline uint32_t data_crc(const uint8_t *p, Py_ssize_t length) noexcept nogil:
+    """The masked CRC32C of ``length`` bytes at ``p``, counted (and timed when sampled)."""
+    cdef int64_t t0
+    cdef uint32_t crc
+    counters[C_CRC_BYTES] += length
+    if not crc_timed(length):
+        return infeed_crc32c_mask(infeed_crc32c_extend(0, p, length))
+    t0 = now_ns()
+    crc = infeed_crc32c_mask(infeed_crc32c_extend(0, p, length))
+    counters[C_CRC_TIMED_NS] += now_ns() - t0
+    counters[C_CRC_TIMED_BYTES] += length
+    return crc
+
+
+def stage_counters():
+    """What this process's readers spent so far: ``read_ns`` (in the streams' reads and opening files,
+    inflating included), ``inflate_ns`` (inflating GZIP/ZLIB), ``crc_ns`` (checking data CRCs:
+    estimated from a sample, see ``CRC_SAMPLE``), and the bytes read, inflated from, and checked."""
+    crc_ns = counters[C_CRC_TIMED_NS]
+    if counters[C_CRC_TIMED_BYTES] > 0:
+        crc_ns = counters[C_CRC_TIMED_NS] * counters[C_CRC_BYTES] // counters[C_CRC_TIMED_BYTES]
+    return {"read_ns": counters[C_READ_NS], "inflate_ns": counters[C_INFLATE_NS], "crc_ns": crc_ns,
+            "read_bytes": counters[C_READ_BYTES], "compressed_bytes": counters[C_COMPRESSED_BYTES],
+            "crc_bytes": counters[C_CRC_BYTES]}
+
+
+def count_read(int64_t ns, int64_t nbytes=0):
+    """Adds a read made outside a RecordReader (opening a file, a read at an offset) to the counters."""
+    counters[C_READ_NS] += ns
+    counters[C_READ_BYTES] += nbytes
+
+
+def count_inflate(int64_t ns, int64_t compressed_bytes):
+    """Adds the time spent inflating ``compressed_bytes`` (within a stream's read) to the counters."""
+    counters[C_INFLATE_NS] += ns
+    counters[C_COMPRESSED_BYTES] += compressed_bytes
+
+
+def reset_stage_counters():
+    """Zeroes the counters (a new worker process starts from zero anyway; for tests and benchmarks)."""
+    cdef int i
+    for i in range(N_COUNTERS):
+        counters[i] = 0
 
 
 def located_io_error(OSError error, str path, int64_t record_index, int64_t offset):
@@ -145,7 +224,7 @@ def unframe(frame, str path, int64_t record_index, int64_t offset, int64_t lengt
                                  f"length field reads {load_u64(p)}, the index says {length} (is it stale?)")
     cdef uint32_t want
     with nogil:
-        want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, <size_t>length))
+        want = data_crc(p + HEADER, <Py_ssize_t>length)
     if want != load_u32(p + HEADER + length):
         raise CorruptRecordError(path, record_index, offset, "data_crc",
                                  f"stored {hex(load_u32(p + HEADER + length))}, computed {hex(want)}")
@@ -230,6 +309,7 @@ cdef class RecordReader:
         if self.end == self.cap:
             self._grow(self.cap * 2)
         view = PyMemoryView_FromMemory(<char *>self.buf + self.end, self.cap - self.end, PyBUF_WRITE)
+        cdef int64_t began = now_ns()
         try:
             if self._readinto is not None:
                 got = self._readinto(view) or 0
@@ -245,6 +325,8 @@ cdef class RecordReader:
             raise located_io_error(e, self.path, self.records_read, self.buf_offset + self.start) from e
         finally:
             view.release()
+            counters[C_READ_NS] += now_ns() - began
+        counters[C_READ_BYTES] += got
         if got == 0:
             self.eof = True
         self.end += got
@@ -391,9 +473,9 @@ cdef class RecordReader:
                 return 1
             if length >= NOGIL_BYTES:      # below this, releasing the GIL costs more than it frees
                 with nogil:
-                    want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, length))
+                    want = data_crc(p + HEADER, <Py_ssize_t>length)
             else:
-                want = infeed_crc32c_mask(infeed_crc32c_extend(0, p + HEADER, length))
+                want = data_crc(p + HEADER, <Py_ssize_t>length)
             got = load_u32(p + HEADER + length)
             if want != got:
                 if self._corrupt(offset, "data_crc", f"stored {hex(got)}, computed {hex(want)}"):

@@ -320,6 +320,7 @@ class _Decompressing:
                     return 0
             self._pending = b""
             before = self._z.copy()
+            began = time.monotonic_ns()
             try:
                 out = self._z.decompress(data, want)
             except zlib.error as e:
@@ -328,6 +329,7 @@ class _Decompressing:
                 at += self._raw_read - len(data)      # what is fed is always the tail of what was read
                 self._failure = self._damaged(f"damaged {self._name} stream ({e})", at, exact)
                 continue
+            _tfrecord.count_inflate(time.monotonic_ns() - began, len(data) - len(self._z.unconsumed_tail))
             self._started = True
             if self._z.eof:
                 rest = self._z.unused_data
@@ -429,7 +431,9 @@ def read_records(path, compression="auto", skip_corrupt: bool = False, buffer_si
             raise TypeError(f"{name} must be an int, got {value!r:.80}") from None
     compression = compression or None
     path = path_str(path)
+    began = time.monotonic_ns()
     raw, size = open_input(path)
+    _tfrecord.count_read(time.monotonic_ns() - began)     # opening is part of the read stage
     try:
         if compression == "auto":
             ext = os.path.splitext(path.rstrip("/"))[1].lower()
