@@ -51,19 +51,32 @@ class Producer:
         self.parser = dataset.parser
         self._views: dict = {}
         self._last_check = 0.0
+        self._waiting_since: int | None = None    # monotonic_ns when the wait for a free slot began, while it lasts
 
     # --- the ring ---------------------------------------------------------------------------
     def _check(self) -> None:
-        self.ring.count_work(self.index, readers=stage_counters())
+        if self._waiting_since is not None:
+            self._count_wait()
+        else:
+            self.ring.count_work(self.index, readers=stage_counters())
         if self.ring.stop_requested:
             raise Stopped()
         self.ring.check_owner()
 
+    def _count_wait(self) -> None:
+        """Counts the wait for a free slot so far (also while it lasts: ``infeed stats`` sees it grow)."""
+        now = time.monotonic_ns()
+        self.ring.count_work(self.index, wait_ns=now - self._waiting_since, readers=stage_counters())
+        self._waiting_since = now
+
     def _acquire(self, unit: int) -> int:
         slot = unit % self.ring.slots
-        began = time.monotonic_ns()
-        self.ring.acquire_free(slot, check=self._check)
-        self.ring.count_work(self.index, wait_ns=time.monotonic_ns() - began)
+        self._waiting_since = time.monotonic_ns()
+        try:
+            self.ring.acquire_free(slot, check=self._check)
+        finally:
+            self._count_wait()
+            self._waiting_since = None
         if self.ring.stop_requested:
             raise Stopped()
         return slot

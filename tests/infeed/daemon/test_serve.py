@@ -98,9 +98,14 @@ def test_stats_reports_fill_rates_and_workers(files, capsys):
             next(feed)
         assert cli_main(["stats", feed.ring.name, "--interval", "0.2", "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
-        assert report["slots"] == 4 and report["taken"] == 10 and 0 <= report["filled"] <= 4
+        # Nothing taken during the interval: the consumer is idle, the workers wait for free slots.
+        assert report["slots"] == 4 and report["taken"] == 0 and 0 <= report["filled"] <= 4
+        assert 0.15 < report["elapsed_s"] < 5
         assert [w["pid"] for w in report["workers"]] == feed.worker_pids
+        assert all(w["shares"]["wait_for_slot"] > 0.5 for w in report["workers"])
+        assert report["bottleneck"].startswith("trainer-bound")
         assert cli_main(["stats", feed.ring.name, "--interval", "0.1"]) == 0
         text = capsys.readouterr().out
-        assert "slots filled" in text and "worker 1" in text
+        assert "slots filled" in text and "wait_for_slot" in text and "trainer-bound" in text
+        assert len([line for line in text.splitlines() if line.split()[:1] in (["0"], ["1"])]) == 2
     assert cli_main(["stats", "no-such-ring"]) == 2
