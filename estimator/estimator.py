@@ -210,6 +210,7 @@ class Estimator:
         source, done = None, False
         try:
             source = self._input(input_fn, ModeKeys.TRAIN, k, input_state, reuse=self._take_kept_input())
+            input_before = source.stats()
             loop = None
             step = start
             before = source.state()
@@ -226,7 +227,7 @@ class Estimator:
                 input_state = after if n == k or after is None else dict(before, batch=before["batch"] + n)
                 before = after
                 step += n
-                bookkeeping.after_loop(step - n, n, outputs, self._steps.host_call_fn)
+                bookkeeping.after_loop(step - n, n, outputs, self._steps.host_call_fn, source.wait_s)
                 bookkeeping.checkpoint_if_due(step, state, input_state)
                 if step >= target:
                     break
@@ -235,6 +236,8 @@ class Estimator:
             self._state, self._input_state = state, input_state
             if step < target:
                 _log.warning("the input ended at step %d, before step %d", step, target)
+            if input_before is not None:
+                _log_input_stats(source.stats().since(input_before))
             self.checkpoints.wait()
             done = True
         finally:
@@ -373,3 +376,9 @@ class Estimator:
             raise NoCheckpointError(f"no checkpoint in {self.config.model_dir}")
         state, _ = self.checkpoints.restore_numpy()
         return state["variables"]
+
+
+def _log_input_stats(stats) -> None:
+    """The input's verdict over a train call at INFO (where its time went, per stage, at DEBUG)."""
+    _log.info("input: %s", stats.bottleneck())
+    _log.debug("input stages over this train call:\n%s", stats.table())

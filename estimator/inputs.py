@@ -108,6 +108,20 @@ class Input:
             yield batch
         self.ended = True                   # not on a break: a loop that stops early may go on later
 
+    @property
+    def wait_s(self) -> float:
+        """Seconds the loops have waited for their device batches so far."""
+        return self._feeder.stats.wait_s
+
+    def stats(self) -> infeed.InputStats | None:
+        """Where a Dataset input's time went (None for an iterable): the daemon's stages, the feeder's
+        host-to-device copies, and the loops' wait for device batches after the first."""
+        if self._daemon is None:
+            return None
+        f = self._feeder.stats
+        return self._daemon.stats().with_consumer_stages(host_to_device=f.transfer_s,
+                                                         trainer_wait=f.wait_s - f.first_wait_s)
+
     def state(self) -> dict | None:
         """Where the input resumes after the batches handed out (a Dataset input only)."""
         return self._feeder.state() if self._daemon is not None else None

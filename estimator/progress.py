@@ -7,6 +7,12 @@ LoggingTensorHook and StepCounterHook logged::
     loss = 0.123, step = 1200 (1.172 sec)
     global_step/sec: 85.3
     examples/sec: 10918.4
+    input wait: 12 % of the time
+
+The last line (the share of the time between two log lines that the work
+waited for its input, from the feeder's counters) is what TPUEstimator left
+to its profiler: above a few percent, the input is a bottleneck (``infeed
+stats`` or ``Daemon.stats()`` say which stage).
 
 The rates cover the steps since the previous log line; the first log line has
 none, so that compilation is never counted (as StepCounterHook's first
@@ -71,6 +77,7 @@ class StepLogger:
         self._step = initial_step
         self._logged_multiple = initial_step // every_steps
         self._last_log: tuple[int, float] | None = None              # (step, time) of the last log line
+        self._last_wait: float | None = None                          # input wait (s) at the last log line
         if bar is None:
             bar = sys.stderr.isatty()
         self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, desc=desc, unit="step",
@@ -81,13 +88,17 @@ class StepLogger:
         """Whether a progress bar is shown (until :meth:`close`)."""
         return self._bar is not None
 
-    def update(self, step: int, loss=None, extra: Mapping[str, object] | None = None) -> dict[str, float]:
+    def update(self, step: int, loss=None, extra: Mapping[str, object] | None = None,
+               input_wait_s: float | None = None) -> dict[str, float]:
         """Records that the work reached ``step``; logs when it crossed a multiple of ``every_steps``.
 
         ``loss`` and the scalars in ``extra`` (numbers or numpy/JAX scalars)
-        appear in the log line. Returns ``{"global_step/sec": ...}`` (and
-        ``"examples/sec"`` when ``examples_per_step`` is known) when this
-        update logged rates, else ``{}``.
+        appear in the log line. ``input_wait_s``: the seconds the work has waited
+        for its input so far (a running total). Returns ``{"global_step/sec": ...}``
+        (and ``"examples/sec"`` when ``examples_per_step`` is known, and
+        ``"input_wait_share"``, the share of the time since the last log line
+        spent waiting for input, when ``input_wait_s`` is) when this update
+        logged rates, else ``{}``.
         """
         step = int(step)
         if self._bar is not None:
@@ -113,7 +124,11 @@ class StepLogger:
                 rates["examples/sec"] = rates["global_step/sec"] * self.examples_per_step
             for name, rate in rates.items():
                 self.logger.info("%s: %g", name, rate)
+            if input_wait_s is not None and self._last_wait is not None:
+                rates["input_wait_share"] = share = min((input_wait_s - self._last_wait) / (now - self._last_log[1]), 1)
+                self.logger.info("input wait: %.0f %% of the time", 100 * share)
         self._last_log = (step, now)
+        self._last_wait = input_wait_s
         return rates
 
     def close(self) -> None:

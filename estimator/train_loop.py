@@ -54,8 +54,9 @@ class TrainBookkeeping:
                                  examples_per_step=examples_per_step, initial_step=start, desc="train")
         self._saved_step, self._saved_time = start, time.monotonic()
 
-    def after_loop(self, first: int, n: int, outputs: dict, host_call_fn) -> None:
-        """Checks the loss, runs the host_call, logs, and writes summaries (every save_summary_steps and at the end)."""
+    def after_loop(self, first: int, n: int, outputs: dict, host_call_fn, input_wait_s: float | None = None) -> None:
+        """Checks the loss, runs the host_call, logs, and writes summaries (every save_summary_steps and at the end);
+        ``input_wait_s``: the seconds the loops have waited for their input so far."""
         outputs = fetch(outputs)
         losses = np.asarray(outputs["loss"])
         if self.config.stop_on_nan and not np.all(np.isfinite(losses)):
@@ -69,7 +70,7 @@ class TrainBookkeeping:
                 args = jax.tree.map(lambda x: x[i], outputs["host_call"])
                 host_call_fn(first + i, **args) if isinstance(args, dict) else host_call_fn(first + i, *args)
         step = first + n
-        rates = self.logger.update(step, loss=float(losses[-1]))
+        rates = self.logger.update(step, loss=float(losses[-1]), input_wait_s=input_wait_s)
         every = self.config.save_summary_steps
         if step // every > first // every or rates or step >= self.target:
             scalars = {"loss": float(losses[-1]), **rates}

@@ -81,7 +81,8 @@ class FeederStats:
     """Counters a :class:`Feeder` keeps (seconds are wall-clock, summed over batches)."""
 
     batches: int = 0            #: device batches handed to the consumer
-    wait_s: float = 0.0         #: the consumer waited for them (input-bound when this grows)
+    wait_s: float = 0.0         #: the consumer waited for them (input-bound when this grows), the first included
+    first_wait_s: float = 0.0   #: of which for the first batch (the source's start-up)
     source_s: float = 0.0       #: the thread waited for host batches from the source
     transfer_s: float = 0.0     #: copies and transfers, until the device arrays were ready
 
@@ -145,7 +146,10 @@ class Feeder:
                 if self._stop.is_set():
                     self._done = True
                     raise StopIteration from None
-        self.stats.wait_s += time.perf_counter() - began
+        waited = time.perf_counter() - began
+        self.stats.wait_s += waited
+        if self.stats.batches == 0 and not self.stats.first_wait_s:
+            self.stats.first_wait_s = waited
         if item is _END or isinstance(item, _Failure):
             self._done = True
             if item is _END:

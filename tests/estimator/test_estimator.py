@@ -1,6 +1,8 @@
 """Estimator on 8 CPU devices: train from TFRecords through the daemon, exact evaluation, prediction, resume."""
 
+import logging
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -163,6 +165,24 @@ def test_host_calls_inside_and_after_the_loop_learning_rate_and_summaries(files,
     assert [s for s, _ in scalars["loss"]] == [10, 20, 25]
     assert scalars["learning_rate"][0][1] == pytest.approx(0.01)
     assert "global_step/sec" in scalars and "examples/sec" in scalars
+    assert all(0 <= share <= 1 for _, share in scalars["input_wait_share"])
+
+
+def test_a_train_call_logs_its_input_wait_and_where_the_input_time_went(files, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="estimator")
+    e = make(tmp_path)
+    e.train(train_input(files), max_steps=60)
+    lines = [r.getMessage() for r in caplog.records if r.name == "estimator"]
+    assert any(re.fullmatch(r"input wait: \d+ % of the time", line) for line in lines)
+    verdict = [line for line in lines if line.startswith("input: ")]
+    assert len(verdict) == 1 and verdict[0].split(": ")[1] in ("input-bound", "trainer-bound", "balanced",
+                                                                 "hand-off-bound")
+    table = next(line for line in lines if line.startswith("input stages over this train call"))
+    assert "copying batches to the devices" in table and "decode" in table
+    caplog.clear()
+    x, y = make_data(32)
+    make(tmp_path / "iterable").train(lambda params: [({"x": x}, y)] * 20, steps=10)   # an iterable: no stages
+    assert not any(r.getMessage().startswith("input: ") for r in caplog.records)
 
 
 def test_consecutive_train_calls_go_on_from_one_open_input_and_train_as_one_call(files, tmp_path, monkeypatch):

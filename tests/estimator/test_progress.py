@@ -121,3 +121,16 @@ def test_an_unknown_total_still_counts(clock):
 def test_every_steps_must_be_positive():
     with pytest.raises(ValueError, match="every_steps"):
         StepLogger(every_steps=0, bar=False)
+
+
+def test_logs_the_share_of_time_spent_waiting_for_input(caplog, clock):
+    caplog.set_level(logging.INFO, logger="estimator")
+    log = StepLogger(every_steps=100, bar=False, clock=clock)
+    assert log.update(100, loss=1.0, input_wait_s=5.0) == {}        # the first line: no interval yet
+    clock.now += 4.0
+    caplog.clear()
+    rates = log.update(200, loss=1.0, input_wait_s=6.0)
+    assert rates == {"global_step/sec": 25.0, "input_wait_share": 0.25}
+    assert messages(caplog)[-1] == "input wait: 25 % of the time"
+    clock.now += 4.0
+    assert "input_wait_share" not in log.update(300, loss=1.0)       # no figure given: none logged

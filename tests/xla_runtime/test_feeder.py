@@ -323,3 +323,13 @@ def test_two_processes_assemble_the_global_batch(run_two_processes):
         assert got["sums"] == [float((np.arange(48) + 100 * k).sum()) for k in range(3)]
         assert got["error"] == ("batch leaf 'x' has shape (6, 3): dimension 0 (6) does not divide by the 4 parts "
                                 "of mesh axis 'data' (size 8) on this process's devices")
+
+
+def test_the_wait_for_the_first_batch_is_counted_apart(mesh):
+    def slow_start():
+        time.sleep(0.3)                 # a daemon's workers starting
+        yield from (host_batch(k) for k in range(3))
+
+    with Feeder(slow_start(), mesh, P("data")) as feeder:
+        assert len(list(feeder)) == 3
+    assert feeder.stats.first_wait_s >= 0.25 and feeder.stats.wait_s >= feeder.stats.first_wait_s
