@@ -272,6 +272,8 @@ class SuiteResult:
     name_label: str = "case"        # and its second, Figure.name
     timings: list[Timing] = field(default_factory=list)
     noise_bound: float = NOISE_BOUND    # see noise_flag
+    #: Where a case's time went, per stage (see :func:`stage_breakdown`), beside its figure.
+    stages: list[dict] = field(default_factory=list)
 
     def figure(self, group: str, name: str) -> Figure:
         for f in self.figures:
@@ -308,7 +310,17 @@ class SuiteResult:
                "ratios": [{**r.to_json(), "noise": self.ratio_noise(r)} for r in self.ratios]}
         if self.timings:
             out["timings"] = [{**t.to_json(), "noise": t.noise(b)} for t in self.timings]
+        if self.stages:
+            out["stages"] = self.stages
         return out
+
+
+def stage_breakdown(group: str, name: str, stats) -> dict:
+    """A row of :attr:`SuiteResult.stages` from an ``infeed.InputStats`` (over one run's timed part)."""
+    doc = stats.to_json()
+    return {"group": group, "name": name, "trainer_wait": doc["trainer_wait"],
+            "consumer_shares": doc["consumer_shares"], "worker_shares": doc["worker_shares"],
+            "workers": len(doc["workers"]), "bottleneck": doc["bottleneck"]}
 
 
 def interleave(cases: Sequence[Case], repeats: int, warmup: int = 1) -> list[Measurement]:

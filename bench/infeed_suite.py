@@ -71,7 +71,8 @@ import numpy as np
 
 import infeed
 from bench import datasets, decode
-from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator
+from bench.harness import (Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator,
+                           stage_breakdown)
 
 __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
            "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
@@ -214,6 +215,7 @@ class DaemonCase:
         self.first: list[float] = []
         self.every: list[float] = []
         self.cpu: list[float] = []
+        self.stages: list = []             # infeed.InputStats over each run's steady state
         self.spin = None
 
     def run(self) -> int:
@@ -228,6 +230,7 @@ class DaemonCase:
                     first = time.perf_counter()
                 if work is not None:
                     work()
+            before = feed.stats()
             start, cpu0 = time.perf_counter(), time.process_time()
             if work is None:
                 for batch in feed:
@@ -236,6 +239,7 @@ class DaemonCase:
                 for batch in feed:
                     work()
             end, cpu1 = time.perf_counter(), time.process_time()
+            self.stages.append(feed.stats().since(before))
             taken = feed.ring.consumer_counters()["taken"]
         self.steady.append(end - start)
         self.after_made.append(end - made)
@@ -247,6 +251,11 @@ class DaemonCase:
 
     def case(self, records: int, nbytes: int) -> Case:
         return Case(self.name, self.run, records, nbytes)
+
+    def median_stages(self):
+        """The stage breakdown of the timed run whose steady state took the median time."""
+        runs = sorted(zip(self.steady[WARMUP:], self.stages[WARMUP:]), key=lambda r: r[0])
+        return runs[len(runs) // 2][1]
 
 
 def _cpus() -> int:
@@ -431,6 +440,9 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
         result.timings.append(Timing.of(SUITE, name, HANDOFF, "us", samples, HANDOFF_TARGET_US))
     else:
         result.notes.append(f"hand-off, {name}: not measured ({len(sizes)} records are too few for a round)")
+
+    for c in [*idle.values(), *busy.values()]:
+        result.stages.append(stage_breakdown(name, c.name, c.median_stages()))
 
     # Ratios.
     for w in workers:

@@ -83,6 +83,17 @@ def _timings(suite: Mapping) -> list[str]:
     return _table(head, rows)
 
 
+def _stages(suite: Mapping) -> list[str]:
+    """Where each measured case's time went: the consumer's wait and the workers' shares per stage."""
+    rows = suite.get("stages", [])
+    names = list(rows[0]["worker_shares"]) if rows else []
+    head = [suite.get("group_label", "group"), suite.get("name_label", "case"), "consumer waiting",
+            *(f"workers: {n}" for n in names), "verdict"]
+    return _table(head, [[r["group"], r["name"], f"{100 * r['trainer_wait']:.0f} %",
+                          *(f"{100 * r['worker_shares'][n]:.0f} %" for n in names),
+                          r["bottleneck"].split(":")[0]] for r in rows])
+
+
 def _ratios(ratios: Sequence[Mapping], with_suite: bool = False) -> list[str]:
     head = [*(["suite"] if with_suite else []), "group", "ratio of medians (higher is better)", "value", "target",
             "noise"]
@@ -120,6 +131,9 @@ def render(doc: Mapping, plots: Mapping[str, tuple[str, str]], missing_plots: st
             out += [""] + _timings(suite)
         if suite.get("ratios"):
             out += [""] + _ratios(suite["ratios"])
+        if suite.get("stages"):
+            out += ["", "Where the time went (`infeed.InputStats` over each case's median run; shares of wall time, "
+                    "workers' shares averaged over the workers):", ""] + _stages(suite)
         bound = suite.get("noise_bound")
         flagged = [x for x in [*suite.get("figures", []), *suite.get("timings", [])] if x.get("noise")]
         if bound is not None:

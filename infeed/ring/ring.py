@@ -426,14 +426,15 @@ class Ring:
         w["pid"] = pid
 
     def workers(self) -> list[dict]:
-        """The registered workers: index, pid, seconds since they registered (``elapsed_s``) and since their
-        last heartbeat, and their counters (:data:`~infeed.ring.layout.WORKER`; ``*_ns`` as ``*_s`` seconds)."""
+        """The registered workers: index, pid, seconds from their registering to their last heartbeat
+        (``elapsed_s``: the time their counters cover) and since that heartbeat, and their counters
+        (:data:`~infeed.ring.layout.WORKER`; ``*_ns`` as ``*_s`` seconds)."""
         now = time.monotonic_ns()
         out = []
         for k, w in enumerate(self._workers):
             if w["pid"] <= 0:
                 continue
-            entry = {"index": k, "pid": int(w["pid"]), "elapsed_s": (now - int(w["started_ns"])) / 1e9,
+            entry = {"index": k, "pid": int(w["pid"]), "elapsed_s": (int(w["beat_ns"]) - int(w["started_ns"])) / 1e9,
                      "since_beat": (now - int(w["beat_ns"])) / 1e9}
             for name in WORKER.names[3:]:
                 value = int(w[name])
