@@ -140,11 +140,12 @@ class Producer:
                             ring.count_work(k, decode_ns=decode_ns, readers=after)
                             continue
                         last = step == per_slot - 1
+                        # Counted before it is published: a consumer that took the batch sees it counted.
+                        ring.count_work(k, batches=last, records=count, nbytes=nbytes, decode_ns=decode_ns,
+                                        readers=after)
                         if last:
                             ring.publish(slot, unit, cursor=(epoch, planned.index + 1))
                             slot = None
-                        ring.count_work(k, batches=last, records=count, nbytes=nbytes, decode_ns=decode_ns,
-                                        readers=after)
                     done += 1
                     if time.monotonic() - self._last_check > 0.5:
                         self._last_check = time.monotonic()
@@ -158,8 +159,8 @@ class Producer:
             unit, step = divmod(done, per_slot)
             if step:
                 if unit % w == k:
-                    ring.publish(slot, unit, steps=step, cursor=(epoch, 0))
                     ring.count_work(k, batches=1)
+                    ring.publish(slot, unit, steps=step, cursor=(epoch, 0))
                     slot = None
                 unit += 1
             if unit % w == k:
