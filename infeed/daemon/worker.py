@@ -29,7 +29,7 @@ from infeed.errors import DecodeError, InfeedError
 from infeed.example.spec import Padded
 from infeed.ring import Ring
 from infeed.ring.slots import REPORTED_ERROR, SLOT_END, SLOT_ERROR
-from infeed.tfrecord._tfrecord import stage_counters
+from infeed.tfrecord._tfrecord import stage_totals
 
 __all__ = ["Producer", "main"]
 
@@ -58,7 +58,7 @@ class Producer:
         if self._waiting_since is not None:
             self._count_wait()
         else:
-            self.ring.count_work(self.index, readers=stage_counters())
+            self.ring.count_work(self.index, readers=stage_totals())
         if self.ring.stop_requested:
             raise Stopped()
         self.ring.check_owner()
@@ -66,7 +66,7 @@ class Producer:
     def _count_wait(self) -> None:
         """Counts the wait for a free slot so far (also while it lasts: ``infeed stats`` sees it grow)."""
         now = time.monotonic_ns()
-        self.ring.count_work(self.index, wait_ns=now - self._waiting_since, readers=stage_counters())
+        self.ring.count_work(self.index, wait_ns=now - self._waiting_since, readers=stage_totals())
         self._waiting_since = now
 
     def _acquire(self, unit: int) -> int:
@@ -129,13 +129,13 @@ class Producer:
                     if unit % w == k:
                         if slot is None:             # else still held for this unit (see below)
                             slot = self._acquire(unit)
-                        before = stage_counters()
+                        before = stage_totals()
                         began = time.monotonic_ns()
                         count, nbytes = self._fill(slot, step, planned)
                         filled = time.monotonic_ns() - began
-                        after = stage_counters()
-                        # Decoding is the fill's time less the reads and CRCs made within it.
-                        decode_ns = filled - sum(after[c] - before[c] for c in ("read_ns", "crc_ns"))
+                        after = stage_totals()
+                        # Decoding is the fill's time less the reads (inflating included) and CRCs within it.
+                        decode_ns = filled - (after[0] - before[0]) - (after[2] - before[2])
                         if not exists(ds, count):    # read as decoded: the epoch ended before this batch
                             ring.count_work(k, decode_ns=decode_ns, readers=after)
                             continue

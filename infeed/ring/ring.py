@@ -71,9 +71,12 @@ from infeed.ring.slots import FILLED, FREE, READING, STATE_NAMES, WRITING, SlotI
 
 __all__ = ["Ring"]
 
-_W = WORKER_FIELDS
-#: The worker-table fields a worker's record readers count (stored as totals, see :meth:`Ring.count_work`).
-_READER_FIELDS = ("read_ns", "inflate_ns", "crc_ns", "read_bytes", "compressed_bytes")
+_BEAT, _BATCHES, _RECORDS, _BYTES, _DECODE, _WAIT, _READ = (
+    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "decode_ns", "wait_ns", "read_ns"))
+# The readers' totals (see Ring.count_work) lie at read_ns, inflate_ns, crc_ns, then past _GAP other fields.
+_GAP = WORKER_FIELDS["read_bytes"] - WORKER_FIELDS["crc_ns"] - 1
+assert [WORKER_FIELDS[f] - _READ for f in ("inflate_ns", "crc_ns", "read_bytes", "compressed_bytes")] == [
+    1, 2, 3 + _GAP, 4 + _GAP]
 
 #: How often a waiter wakes to check its peer is alive (it wakes at once on a post).
 CHECK_INTERVAL = 0.1
@@ -452,21 +455,22 @@ class Ring:
                 raise WorkerDied(pid, detail=f"worker {k} registered with ring {self.name}, no longer running")
 
     def count_work(self, index: int, batches: int = 0, records: int = 0, nbytes: int = 0,
-                   decode_ns: int = 0, wait_ns: int = 0, readers: dict | None = None) -> None:
+                   decode_ns: int = 0, wait_ns: int = 0, readers: tuple | None = None) -> None:
         """Adds to worker ``index``'s counters (what :meth:`workers` reports) and beats its heart.
 
-        ``readers``: the totals of the worker's record readers so far
-        (``infeed.tfrecord._tfrecord.stage_counters()``), stored as they are."""
+        ``readers``: the totals of the worker's record readers so far, stored as they are
+        (``infeed.tfrecord._tfrecord.stage_totals()``: read, inflate and CRC ns, bytes read and inflated)."""
         w, q = self._worker0 + WORKER_WORDS * index, self._q
-        q[w + _W["beat_ns"]] = time.monotonic_ns()
-        q[w + _W["batches"]] += batches
-        q[w + _W["records"]] += records
-        q[w + _W["bytes"]] += nbytes
-        q[w + _W["decode_ns"]] += decode_ns
-        q[w + _W["wait_ns"]] += wait_ns
+        q[w + _BEAT] = time.monotonic_ns()
+        if batches or records:
+            q[w + _BATCHES] += batches
+            q[w + _RECORDS] += records
+            q[w + _BYTES] += nbytes
+        q[w + _DECODE] += decode_ns
+        q[w + _WAIT] += wait_ns
         if readers is not None:
-            for name in _READER_FIELDS:
-                q[w + _W[name]] = readers[name]
+            w += _READ
+            q[w], q[w + 1], q[w + 2], q[w + 3 + _GAP], q[w + 4 + _GAP] = readers
 
     def count_taken(self, seq: int, cursor: tuple[int, int], waited_ns: int, first: bool = False) -> None:
         """The consumer took batch ``seq`` (``cursor``: where the input resumes after it)
