@@ -19,11 +19,11 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import xla_runtime as xr
 from estimator.checkpoints import Checkpoints
@@ -39,6 +39,9 @@ from estimator.steps import ModelSteps, trainable
 from estimator.summaries import SummaryWriter
 from estimator.train_loop import TrainBookkeeping, checkpointed_input
 from estimator.warm_start import warm_start
+
+if TYPE_CHECKING:
+    import optax
 
 __all__ = ["Estimator"]
 
