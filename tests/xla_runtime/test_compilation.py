@@ -45,22 +45,7 @@ def test_the_next_process_reads_the_loop_from_the_persistent_cache(tmp_path):
     assert second["programs"] == second["cache_hits"]
 
 
-@pytest.fixture
-def cache_settings():
-    """Puts JAX's cache settings back after a test that sets them without compiling anything."""
-    names = ("jax_compilation_cache_dir", "jax_enable_compilation_cache", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    saved = {name: getattr(jax.config, name) for name in names}
-    assert saved["jax_compilation_cache_dir"] is None, "the test process must start without a persistent cache"
-    yield
-    for name, value in saved.items():
-        jax.config.update(name, value)
-    from jax.experimental.compilation_cache import compilation_cache
-
-    compilation_cache.reset_cache()
-
-
-def test_a_second_directory_in_the_same_process_is_refused_and_the_same_one_is_not(tmp_path, cache_settings):
+def test_a_second_directory_in_the_same_process_is_refused_and_the_same_one_is_not(tmp_path, jax_cache_settings):
     assert xr.compilation_cache_dir() is None
     xr.enable_compilation_cache(tmp_path / "a")
     assert xr.compilation_cache_dir() == str(tmp_path / "a") and (tmp_path / "a").is_dir()
