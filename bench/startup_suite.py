@@ -203,9 +203,9 @@ def _notes(result: SuiteResult, runs: dict, data_note: str) -> list[str]:
             f"interpreter's own start is not counted. A package's time includes what it imports (estimator: jax, "
             f"infeed, xla_runtime); orbax-checkpoint and optax are imported at first use, not by `import estimator`.",
             f"{FIRST_STEP}: from the call Estimator(...) to the first step's loss on the host "
-            f"(EstimatorSpec.host_call's function, after the first loop of K={K} steps of the {MODEL}, batch {BATCH}); in a fresh process per run "
-            f"({p['repeats']} of each kind, interleaved), one CPU device, RunConfig(iterations_per_loop={K}) and its "
-            f"defaults (2 decoding workers, 4 slots). XLA compile and trace + lower: jax.monitoring's compile events "
+            f"(EstimatorSpec.host_call's function, after the first loop of K={K} steps of the {MODEL}, batch {BATCH}); "
+            f"in a fresh process per run ({p['repeats']} of each kind, interleaved), one CPU device, "
+            f"RunConfig(iterations_per_loop={K}) and its defaults (2 decoding workers, 4 slots). XLA compile and trace + lower: jax.monitoring's compile events "
             f"(xla_runtime.CompileWatch) until then; with a warm cache, 'XLA compile' is reading the executables from "
             f"it. Programs compiled until then: " + "; ".join(f"{k} {v}" for k, v in p["programs"].items())
             + "; read from the cache: " + "; ".join(f"{k} {v}" for k, v in p["cache_hits"].items())
