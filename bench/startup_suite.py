@@ -203,11 +203,12 @@ def _notes(result: SuiteResult, runs: dict, data_note: str) -> list[str]:
             f"interpreter's own start is not counted. A package's time includes what it imports (estimator: jax, "
             f"infeed, xla_runtime); orbax-checkpoint and optax are imported at first use, not by `import estimator`.",
             f"{FIRST_STEP}: from the call Estimator(...) to the first step's loss on the host "
-            f"(EstimatorSpec.host_call's function, after the first loop of K={K} steps of the {MODEL}, batch {BATCH}); "
-            f"in a fresh process per run ({p['repeats']} of each kind, interleaved), one CPU device, "
-            f"RunConfig(iterations_per_loop={K}) and its defaults (2 decoding workers, 4 slots). XLA compile and trace + lower: jax.monitoring's compile events "
-            f"(xla_runtime.CompileWatch) until then; with a warm cache, 'XLA compile' is reading the executables from "
-            f"it. Programs compiled until then: " + "; ".join(f"{k} {v}" for k, v in p["programs"].items())
+            f"(EstimatorSpec.host_call's function, after the first loop of K={K} steps of the {MODEL}, "
+            f"batch {BATCH}); in a fresh process per run ({p['repeats']} of each kind, interleaved), one CPU device, "
+            f"RunConfig(iterations_per_loop={K}) and its defaults (2 decoding workers, 4 slots). XLA compile and "
+            f"trace + lower: jax.monitoring's compile events (xla_runtime.CompileWatch) until then; with a warm "
+            f"cache, 'XLA compile' is reading the executables from it. Programs compiled until then: "
+            + "; ".join(f"{k} {v}" for k, v in p["programs"].items())
             + "; read from the cache: " + "; ".join(f"{k} {v}" for k, v in p["cache_hits"].items())
             + "; written to it: " + "; ".join(f"{k} {v}" for k, v in p["cache_writes"].items()) + ".",
             f"the persistent cache's second run reaches its first step in {second:,.0f} ms against {cold:,.0f} ms "
