@@ -16,6 +16,8 @@ examples (from the repository root):
   python -m bench train               # Estimator.train from TFRecords against compile_loop, 2-5 minutes on 2 cores
   python -m bench train --quick --devices 1,8 --steps 200
   python -m bench transfer            # on a GPU: host-to-device from a pinned ring slot (skipped on CPU)
+  python -m bench startup             # imports, and Estimator(...) to the first step with and without the
+                                      # persistent compilation cache, each in fresh processes: ~1 minute
   python -m bench compare bench-results/OLD.json bench-results/NEW.json
   python -m bench report bench-results/RUN.json     # draw a saved run's report again
 """
@@ -29,7 +31,7 @@ import shlex
 import sys
 import time
 
-from bench import compare, decode, harness, infeed_suite, loop_suite, report, train_suite, transfer_suite
+from bench import compare, decode, harness, infeed_suite, loop_suite, report, startup_suite, train_suite, transfer_suite
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
@@ -47,6 +49,8 @@ SUITES = {
     "train": lambda args: train_suite.run(
         list(args.devices or train_suite.DEVICES), quick=args.quick, repeats=args.repeats, steps=args.steps,
         data_dir=args.data_dir, seed=args.seed),
+    "startup": lambda args: startup_suite.run(quick=args.quick, repeats=args.repeats, data_dir=args.data_dir,
+                                              seed=args.seed),
 }
 
 
@@ -73,7 +77,8 @@ def parse_args(argv):
                    help=f"one or more of: {', '.join(SUITES)}, all")
     p.add_argument("--quick", action="store_true", help="fewer records and runs (~20 s a suite)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="timed runs per case (default 7, --quick 3; loop, train: 5, --quick 1)")
+                   help="timed runs per case (default 7, --quick 3; loop, train: 5, --quick 1; startup: 3 runs of each "
+                        "kind to the first step, --quick 1)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiplies every dataset's record count (default 1; 0.01 for a smoke run)")
     p.add_argument("--layouts", type=lambda s: [x for x in s.split(",") if x], default=None,

@@ -404,7 +404,6 @@ def _child(config: dict) -> None:
     if config.get("cache_dir"):            # before anything compiles: every program goes to the cache
         import xla_runtime as xr
 
-        jax.config.update("jax_enable_compilation_cache", True)
         xr.enable_compilation_cache(config["cache_dir"])
     d = len(jax.devices())
     if d != config["devices"]:

@@ -1,4 +1,5 @@
-"""The Markdown report of a results file: the machine, the headline ratios, each suite's tables, notes and plots.
+"""The Markdown report of a results file: the machine, the headline targets (ratios, and timings with a bound), each
+suite's tables, notes and plots.
 
     python -m bench report bench-results/2026-11-23-120501-myhost.json
 
@@ -94,6 +95,15 @@ def _stages(suite: Mapping) -> list[str]:
                           r["bottleneck"].split(":")[0]] for r in rows])
 
 
+def _bounded(timings: Sequence[Mapping]) -> list[str]:
+    """The headline's timings that have a bound: median against the target."""
+    head = ["suite", "group", "timing (lower is better)", "median", "target", "noise"]
+    rows = [[t["suite"], t["group"], t["name"], f"{_num(t['median'])} {t['unit']}",
+             f"< {t['target_max']:g} {t['unit']}: {'met' if t.get('met') else '**MISSED**'}", t.get("noise", "")]
+            for t in timings]
+    return _table(head, rows)
+
+
 def _ratios(ratios: Sequence[Mapping], with_suite: bool = False) -> list[str]:
     head = [*(["suite"] if with_suite else []), "group", "ratio of medians (higher is better)", "value", "target",
             "noise"]
@@ -115,10 +125,14 @@ def render(doc: Mapping, plots: Mapping[str, tuple[str, str]], missing_plots: st
            "## Machine", ""]
     out += _table(["fact", "value"], [[k, v] for k, v in doc.get("machine", {}).items()])
     headline = [r for s in suites.values() for r in s.get("ratios", []) if r.get("target") is not None]
-    if headline:
-        met = sum(bool(r.get("met")) for r in headline)
-        out += ["", "## Headline: the targets", "", f"{met} of {len(headline)} targets met.", ""]
-        out += _ratios(headline, with_suite=True)
+    bounded = [t for s in suites.values() for t in s.get("timings", []) if t.get("target_max") is not None]
+    if headline or bounded:
+        met = sum(bool(x.get("met")) for x in [*headline, *bounded])
+        out += ["", "## Headline: the targets", "", f"{met} of {len(headline) + len(bounded)} targets met.", ""]
+        if headline:
+            out += _ratios(headline, with_suite=True)
+        if bounded:
+            out += ([""] if headline else []) + _bounded(bounded)
     if missing_plots:
         out += ["", f"_No plots: {missing_plots}_"]
     for name, suite in suites.items():

@@ -116,30 +116,6 @@ class _LoopEnds:
         self.logger.level, self.logger.propagate = self.saved
 
 
-class _Compilations:
-    """The seconds of every XLA compilation while inside (JAX's backend-compile event): none, when timing."""
-
-    EVENT = "/jax/core/compile/backend_compile_duration"
-
-    def __init__(self):
-        self.seconds: list[float] = []
-
-    def _listen(self, event: str, duration: float, **kwargs) -> None:
-        if event == self.EVENT:
-            self.seconds.append(duration)
-
-    def __enter__(self) -> "_Compilations":
-        import jax.monitoring
-
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import jax.monitoring
-
-        jax.monitoring.unregister_event_duration_listener(self._listen)
-
-
 class _EstimatorCase:
     """``Estimator.train(input_fn, steps)`` per run; keeps each run's phases (start, steady loops, end)."""
 
@@ -323,7 +299,7 @@ def _measure(config: dict) -> dict:
         if keras_case is not None:
             cases.append(Case(KERAS, keras_case[0], steps * b, steps * nbytes_step))
         _log(f"train: {group}: timing {len(cases)} pipelines, {steps} steps each, {runs} ...")
-        with _Compilations() as compiled:
+        with xr.CompileWatch() as compiled:
             measured = interleave(cases, repeats, warmup=0)
         seconds = {m.case.name: m.seconds for m in measured}
         seconds[steady(EST)] = est_case.steady
@@ -348,7 +324,7 @@ def _measure(config: dict) -> dict:
     return {"group": group, "devices": d, "steps": steps, "k": k, "batch": b, "nbytes_step": nbytes_step,
             "seconds": seconds, "timings": timings, "first_call_s": first_call_s, "compile_and_check_s": compile_s,
             "global_step": global_step, "first_losses": [est_loss, float(want[-1])],
-            "compiled_while_timing": compiled.seconds,
+            "compiled_while_timing": compiled.compilations,
             "keras": None if keras_case is None else {"version": keras_case[2], "first_epoch_loss": keras_case[1]}}
 
 

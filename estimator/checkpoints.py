@@ -73,9 +73,7 @@ from typing import Self
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
-from orbax.checkpoint._src.path import atomicity_defaults
 
 from estimator.checkpoint_manifest import COMMIT_FILE, MANIFEST, STEP_METADATA, verify_manifest, write_manifest
 from estimator.errors import CheckpointMismatchError, CheckpointSaveError, InvalidArgumentError, NoCheckpointError
@@ -104,6 +102,7 @@ class Checkpoints:
         self._pending: int | None = None          # the step being written in the background
         self._leftovers_removed = False
         root = epath.Path(self.directory)
+        ocp = _orbax()
         self._manager = ocp.CheckpointManager(
             root,
             options=ocp.CheckpointManagerOptions(
@@ -141,8 +140,9 @@ class Checkpoints:
             self._manager.reload()
         try:
             # force=True: save now; orbax's own policy would skip a step while a previous save is in flight.
-            self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                             extras=ocp.args.JsonSave(extras)), force=True)
+            args = _orbax().args
+            self._manager.save(step, args=args.Composite(state=args.StandardSave(state), extras=args.JsonSave(extras)),
+                               force=True)
         except Exception as e:
             raise self._failed(step, e) from e
         self._pending = step
@@ -213,7 +213,8 @@ class Checkpoints:
         step = self._existing_step(step)
         if verify:
             self._verify(step, ("extras",))
-        return self._manager.restore(step, args=ocp.args.Composite(extras=ocp.args.JsonRestore()))["extras"]
+        args = _orbax().args
+        return self._manager.restore(step, args=args.Composite(extras=args.JsonRestore()))["extras"]
 
     def remove_leftovers(self) -> list[str]:
         """Removes what killed saves and deletions left (``<step>.orbax-checkpoint-tmp*``,
@@ -304,8 +305,9 @@ class Checkpoints:
         verify_manifest(epath.Path(self.directory) / str(step), step, items)
 
     def _restore(self, step: int, target):
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), extras=ocp.args.JsonRestore()))
+        args = _orbax().args
+        restored = self._manager.restore(step, args=args.Composite(state=args.StandardRestore(target),
+                                                                   extras=args.JsonRestore()))
         return restored["state"], restored["extras"]
 
     def _existing_step(self, step: int | None) -> int:
@@ -318,9 +320,19 @@ class Checkpoints:
                                 f"(complete steps: {steps})")
 
 
+def _orbax():
+    """``orbax.checkpoint``, imported when first used: it takes ~0.15 s, which ``import estimator`` (and a
+    process that only serves exports) need not pay."""
+    import orbax.checkpoint
+
+    return orbax.checkpoint
+
+
 def _committing_path_class(root: epath.Path, on_commit):
     """Orbax's temporary-path class for ``root`` that writes the digest manifest into a step's directory
     just before orbax commits it, and calls ``on_commit()`` once it is committed."""
+    from orbax.checkpoint._src.path import atomicity_defaults
+
     base = atomicity_defaults.get_default_temporary_path_class(root)
 
     class CommittingPath(base):

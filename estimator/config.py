@@ -20,6 +20,17 @@ def _positive(name, value, allow_none=False):
                                    f"got {value!r}")
 
 
+def _directory(name, config, allow_none=False):
+    """Checks that field ``name`` is a non-empty path (or None when allowed) and makes it a str."""
+    value = getattr(config, name)
+    if value is None and allow_none:
+        return
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise InvalidArgumentError(f"RunConfig.{name} must be a directory path{' or None' if allow_none else ''}, "
+                                   f"got {value!r}")
+    object.__setattr__(config, name, os.fspath(value))
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """As TPUEstimator's RunConfig + TPUConfig, for JAX.
@@ -43,6 +54,12 @@ class RunConfig:
         stays good.
     distributed: call ``jax.distributed.initialize()`` (multi-host): with ``coordinator_address``,
         ``num_processes`` and ``process_id`` when given, else as JAX finds them in the environment.
+    compilation_cache_dir: a directory (or URI) where JAX's persistent compilation cache keeps every
+        program compiled, however quick to compile: the next process that compiles the same program (a
+        restarted job, the same model trained again) reads it from there instead of compiling it. Set by
+        the Estimator when it is made, for the whole process (JAX has one such cache per process: an
+        Estimator asking for another directory than the process's raises ``InvalidArgumentError``). None:
+        the process's setting is left as it is (JAX's default: no cache).
     """
 
     model_dir: str
@@ -62,11 +79,11 @@ class RunConfig:
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    compilation_cache_dir: str | None = None
 
     def __post_init__(self):
-        if not isinstance(self.model_dir, (str, os.PathLike)) or not os.fspath(self.model_dir):
-            raise InvalidArgumentError(f"RunConfig.model_dir must be a directory path, got {self.model_dir!r}")
-        object.__setattr__(self, "model_dir", os.fspath(self.model_dir))
+        _directory("model_dir", self)
+        _directory("compilation_cache_dir", self, allow_none=True)
         for name in ("iterations_per_loop", "save_summary_steps", "log_step_count_steps", "infeed_workers",
                      "infeed_slots"):
             _positive(name, getattr(self, name))

@@ -19,11 +19,11 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import xla_runtime as xr
 from estimator.checkpoints import Checkpoints
@@ -39,6 +39,9 @@ from estimator.steps import ModelSteps, trainable
 from estimator.summaries import SummaryWriter
 from estimator.train_loop import TrainBookkeeping, checkpointed_input
 from estimator.warm_start import warm_start
+
+if TYPE_CHECKING:
+    import optax
 
 __all__ = ["Estimator"]
 
@@ -76,6 +79,11 @@ class Estimator:
                                            f"({data} devices) and of the number of hosts ({jax.process_count()}), "
                                            f"got {size!r}")
         self.warm_start_from, self.warm_start_include = warm_start_from, warm_start_include
+        if config.compilation_cache_dir is not None:
+            try:
+                xr.enable_compilation_cache(config.compilation_cache_dir)
+            except ValueError as e:
+                raise InvalidArgumentError(f"RunConfig.compilation_cache_dir: {e}") from e
         os.makedirs(config.model_dir, exist_ok=True)
         self.checkpoints = Checkpoints(os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoint_max)
         self._state = None                 # the train state on the devices, once made or restored

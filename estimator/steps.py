@@ -12,16 +12,19 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-import optax
 
 import xla_runtime as xr
 from estimator import metrics as metrics_lib
 from estimator.errors import ModelFnError, StepRngError
 from estimator.inputs import split_batch
 from estimator.spec import EstimatorSpec, ModeKeys
+
+if TYPE_CHECKING:
+    import optax
 
 __all__ = ["ModelSteps", "step_rng", "trainable"]
 
@@ -100,6 +103,8 @@ class ModelSteps:
 
             (loss, (spec_updates, host_tensors)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
             updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+            import optax            # here, not at import: the user's optimizer has imported it by now
+
             variables = rebuild(optax.apply_updates(params, updates), spec_updates)
             outputs = {"loss": loss}
             learning_rate = _learning_rate(opt_state)

@@ -61,3 +61,20 @@ def run_two_processes():
 
 # The atheris harness and the soak are programs, not test modules: keep --doctest-modules out of them.
 collect_ignore = ["fuzz/fuzz_infeed.py", "soak/soak_daemon.py"]
+
+
+@pytest.fixture
+def jax_cache_settings():
+    """Puts JAX's persistent-cache settings back after a test that sets them (and compiles nothing meanwhile:
+    a program compiled then would go to the test's cache)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    names = ("jax_compilation_cache_dir", "jax_enable_compilation_cache", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    saved = {name: getattr(jax.config, name) for name in names}
+    assert saved["jax_compilation_cache_dir"] is None, "the test process must start without a persistent cache"
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()

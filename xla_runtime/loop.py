@@ -41,7 +41,7 @@ computed by hand. Steps that need explicit collectives run their body under
 Compiled programs are cached by the shapes, dtypes and structure of state and
 batches, and by the number of steps: a final partial loop (fewer steps left)
 compiles once for its size and is reused, never once per call.
-:func:`enable_compilation_cache` adds JAX's persistent cache on disk.
+:func:`xla_runtime.enable_compilation_cache` adds JAX's persistent cache on disk.
 """
 
 from __future__ import annotations
@@ -59,17 +59,9 @@ from xla_runtime.context import in_loop
 from xla_runtime.host_calls import raise_host_call_error
 from xla_runtime.mesh import check_divisible, make_mesh, named, replicated, state_shardings
 
-__all__ = ["compile_loop", "CompiledLoop", "enable_compilation_cache"]
+__all__ = ["compile_loop", "CompiledLoop"]
 
 _log = logging.getLogger("xla_runtime")
-
-
-def enable_compilation_cache(directory: str) -> None:
-    """Keeps every compiled program in ``directory`` too (JAX's persistent compilation cache),
-    so a restarted job skips compilation."""
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def _signature(tree) -> tuple:

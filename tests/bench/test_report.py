@@ -80,7 +80,8 @@ def test_report_has_the_headline_tables_notes_and_plots(tmp_path):
     md, pngs = report.write_report(_doc(tmp_path, r))
     text = open(md).read()
     assert md == str(tmp_path / "run.md")
-    assert "## Headline: the targets" in text and "1 of 2 targets met." in text
+    assert "## Headline: the targets" in text and "2 of 3 targets met." in text
+    assert "| s | g | start-up | 101 ms | < 500 ms: met |  |" in text
     assert "| s | g | fast / slow | 1.99x | >= 1.5x: met |  |" in text
     assert "| s | g | fast / slow, strict | 1.99x | > 3x: **MISSED** |  |" in text
     assert "python -m bench s" in text

@@ -1,10 +1,5 @@
 """compile_loop on 8 CPU devices: same results as one device, donation, caching, errors, inspection."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -202,23 +197,6 @@ def test_package_exports_what_the_readme_shows():
     assert xr.replicated(mesh).spec == P()
     with pytest.raises(ValueError, match="needs 6 devices"):
         xr.make_mesh({"data": 3, "model": 2})
-
-
-CACHE = textwrap.dedent("""
-    import sys, jax, jax.numpy as jnp, numpy as np
-    import xla_runtime as xr
-    xr.enable_compilation_cache(sys.argv[1])
-    loop = xr.compile_loop(lambda s, b: (s + b.sum(), b.mean()), 3, xr.make_mesh({"data": 1}, jax.devices()[:1]))
-    print(float(loop(jnp.zeros(()), np.ones((3, 4), np.float32))[0]))
-""")
-
-
-def test_the_persistent_compilation_cache_fills_its_directory(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", CACHE, str(tmp_path)], capture_output=True, text=True, env=env,
-                         check=True, cwd=os.path.dirname(os.path.dirname(xr.__file__)))
-    assert out.stdout.strip() == "12.0"
-    assert any(tmp_path.iterdir())
 
 
 def test_host_calls_from_a_compiled_loop_on_8_devices_arrive_in_order_and_every_n():

@@ -1,0 +1,134 @@
+"""What compiling costs, and keeping its results: JAX's persistent compilation cache, and JAX's compile events
+counted.
+
+>>> import jax, jax.numpy as jnp
+>>> with CompileWatch() as watch:
+...     _ = jax.jit(lambda x: x * 3 + 1)(jnp.arange(5.0))
+>>> watch.programs >= 1 and watch.compile_seconds > 0
+True
+
+:func:`enable_compilation_cache` keeps every program XLA compiles in a directory
+too, so that another process compiling the same program (a restarted or preempted
+job) reads it from there instead. JAX has one such cache per process: once a
+directory is set, asking for another is an error (``ValueError``) rather than a
+switch that would move every other user's programs in this process with it.
+
+:class:`CompileWatch` adds up, from :mod:`jax.monitoring`'s events, what JAX
+compiled while it was open (in any thread of the process): seconds tracing,
+lowering to StableHLO and compiling with XLA (on a persistent-cache hit, the
+last is the time to read the executable from the cache), programs compiled,
+persistent-cache hits and programs written to the cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.monitoring
+from jax.experimental.compilation_cache import compilation_cache
+
+__all__ = ["CompileWatch", "compilation_cache_dir", "enable_compilation_cache"]
+
+#: jax.monitoring's events (jax 0.10.2): durations in seconds, and counted events.
+TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+CACHE_WRITE_EVENT = "/jax/compilation_cache/cache_misses"       # recorded as a missed program is written
+
+
+def _normalised(directory) -> str:
+    directory = os.fspath(directory)
+    return directory if "://" in directory else os.path.abspath(directory)
+
+
+def compilation_cache_dir() -> str | None:
+    """The directory of this process's persistent compilation cache (JAX's ``jax_compilation_cache_dir``,
+    also set by ``JAX_COMPILATION_CACHE_DIR``), or None."""
+    return jax.config.jax_compilation_cache_dir or None
+
+
+def enable_compilation_cache(directory) -> None:
+    """Keeps every compiled program in ``directory`` too (JAX's persistent compilation cache), so a restarted
+    job skips compilation. Every program is kept, however quick to compile or small (JAX's thresholds of
+    1 s and its size floor would leave out most CPU programs); a local directory is made if missing.
+
+    The cache is the process's: the same directory again changes nothing, another one raises ``ValueError``
+    (JAX reads its cache directory once, at the first compilation that uses it).
+    """
+    wanted = _normalised(directory)
+    current = compilation_cache_dir()
+    if current is not None and _normalised(current) != wanted:
+        raise ValueError(f"this process already keeps its compiled programs in {current} (JAX has one persistent "
+                         f"compilation cache per process): {wanted} cannot be used too; use the same directory, or "
+                         f"none, or another process")
+    if "://" not in wanted:
+        os.makedirs(wanted, exist_ok=True)
+    if current is None:
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.config.update("jax_compilation_cache_dir", wanted)
+        # JAX decides at a process's first compilation whether the cache is used, and remembers: a process that
+        # compiled with the cache disabled (JAX_ENABLE_COMPILATION_CACHE=false) would never use it. No cache was
+        # set up (no directory), so this only makes JAX decide again.
+        compilation_cache.reset_cache()
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class CompileWatch:
+    """What JAX compiled while this was open (``with CompileWatch() as watch:``), from jax.monitoring's events.
+
+    ``trace_seconds``: tracing Python to jaxprs; ``lower_seconds``: jaxprs to StableHLO;
+    ``compilations``: the seconds of each of XLA's compilations (or of reading its executable from the
+    persistent cache), in order; ``compile_seconds``: their sum; ``programs``: their number;
+    ``cache_hits``: programs read from the persistent cache; ``cache_writes``: programs compiled and written
+    to it.
+    """
+
+    def __init__(self):
+        self.trace_seconds = self.lower_seconds = 0.0
+        self.compilations: list[float] = []
+        self.cache_hits = self.cache_writes = 0
+
+    @property
+    def compile_seconds(self) -> float:
+        return sum(self.compilations)
+
+    @property
+    def programs(self) -> int:
+        return len(self.compilations)
+
+    @property
+    def seconds(self) -> float:
+        """Tracing, lowering and compiling together: what a jitted function's first call adds to its run."""
+        return self.trace_seconds + self.lower_seconds + self.compile_seconds
+
+    def _duration(self, event: str, duration: float, **kwargs) -> None:
+        if event == COMPILE_EVENT:
+            self.compilations.append(duration)
+        elif event == TRACE_EVENT:
+            self.trace_seconds += duration
+        elif event == LOWER_EVENT:
+            self.lower_seconds += duration
+
+    def _event(self, event: str, **kwargs) -> None:
+        if event == CACHE_HIT_EVENT:
+            self.cache_hits += 1
+        elif event == CACHE_WRITE_EVENT:
+            self.cache_writes += 1
+
+    def __enter__(self) -> "CompileWatch":
+        jax.monitoring.register_event_duration_secs_listener(self._duration)
+        jax.monitoring.register_event_listener(self._event)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        jax.monitoring.unregister_event_duration_listener(self._duration)
+        jax.monitoring.unregister_event_listener(self._event)
+
+    def as_dict(self) -> dict:
+        """The counts and seconds, as a dict (for JSON)."""
+        return {"trace_seconds": self.trace_seconds, "lower_seconds": self.lower_seconds,
+                "compile_seconds": self.compile_seconds, "programs": self.programs, "cache_hits": self.cache_hits,
+                "cache_writes": self.cache_writes}
