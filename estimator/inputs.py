@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 
 import jax
 import numpy as np
+from jax.profiler import TraceAnnotation
 from jax.sharding import PartitionSpec as P
 
 import infeed
@@ -79,6 +80,7 @@ class Input:
             self.dataset = source.replace(**changes)
             self.labels = self.dataset.labels
             self._daemon = infeed.Daemon(self.dataset, num_workers=workers, slots=slots, state=state)
+            self._daemon.annotate = TraceAnnotation           # "infeed/wait_for_slot" events in a profile
             host = self._daemon if steps > 1 else _OneStep(self._daemon)
             if exact and processes > 1:
                 padding = {name: _zeros(spec) for name, spec in self.dataset.template().items()}
