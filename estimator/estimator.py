@@ -215,6 +215,7 @@ class Estimator:
             loop = None
             step = start
             before = source.state()
+            profile.ring = source.ring
             loops = iter(source)
             while step < target:
                 profile.before_loop(step)

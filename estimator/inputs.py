@@ -110,6 +110,11 @@ class Input:
             yield batch
         self.ended = True                   # not on a break: a loop that stops early may go on later
 
+    @property
+    def ring(self):
+        """The ring of a Dataset input's daemon (``infeed stats`` reads its workers' counters), else None."""
+        return self._daemon.ring if self._daemon is not None else None
+
     def state(self) -> dict | None:
         """Where the input resumes after the batches handed out (a Dataset input only)."""
         return self._feeder.state() if self._daemon is not None else None

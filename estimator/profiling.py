@@ -7,7 +7,10 @@ checkpoint) of the loop that runs step ``last``. It goes to
 ``model_dir/profile`` (``model_dir/profile/process_<i>`` with several
 processes), where ``jax.profiler`` writes ``plugins/profile/<run>/<host>.xplane.pb``
 (TensorBoard's profile plug-in), ``<host>.trace.json.gz`` and
-``perfetto_trace.json.gz`` (ui.perfetto.dev). A trace never outlives the
+``perfetto_trace.json.gz`` (ui.perfetto.dev). The decoding workers are other
+processes, outside the trace: with a Dataset input, the log line that says
+where the trace went names the input's ring for ``infeed stats`` (each
+worker's share of time decoding and waiting for a free slot). A trace never outlives the
 ``train`` call that started it, whatever ends the call; a call that never
 reaches the steps traces nothing and says so. See docs/profiling.md.
 """
@@ -43,6 +46,8 @@ class ProfileWindow:
         self.step = start               # steps done when the last loop's host work ended
         self._began: int | None = None  # the first step of the first traced loop, while tracing
         self._settled = self.steps is None    # traced already, or cannot be
+        #: The input's ring (a Dataset input), named in the log line for ``infeed stats``.
+        self.ring = None
 
     def before_loop(self, step: int) -> None:
         """Starts the trace when the loop from step ``step`` may run a profiled step."""
@@ -76,6 +81,7 @@ class ProfileWindow:
 
     def _stop(self, why: str) -> None:
         began, self._began, self._settled = self._began, None, True
+        ring = self._ring()
         try:
             jax.profiler.stop_trace()
         except Exception as e:          # noqa: BLE001 -- the trace is a diagnostic: training's result stands
@@ -84,8 +90,14 @@ class ProfileWindow:
         run = _latest_run(self.dir)
         steps = f"the loops of steps {began}..{self.step - 1}" if self.step > began else f"step {began} on"
         _log.info("profile of %s%s written to %s: open it with `tensorboard --logdir %s` (pip install "
-                  "tensorboard-plugin-profile; the Profile tab), or %s at https://ui.perfetto.dev (docs/profiling.md)",
-                  steps, why, run, self.dir, os.path.join(run, "perfetto_trace.json.gz"))
+                  "tensorboard-plugin-profile; the Profile tab), or %s at https://ui.perfetto.dev%s "
+                  "(docs/profiling.md)", steps, why, run, self.dir, os.path.join(run, "perfetto_trace.json.gz"), ring)
+
+    def _ring(self) -> str:
+        """Where to see the decoding workers, which the trace does not hold ("" without a ring)."""
+        if self.ring is None or self.ring.closed:
+            return ""
+        return f"; the decoding workers run outside it: `infeed stats {self.ring.name}` shows them while the ring lives"
 
 
 def _latest_run(logdir: str) -> str:

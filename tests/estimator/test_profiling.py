@@ -12,7 +12,7 @@ import pytest
 
 import estimator as est
 import infeed
-from estimator.profiling import ProfileWindow
+from estimator.profiling import ProfileWindow, profile_dir
 
 D = 4
 SPEC = {"x": infeed.FixedLen((D,), "float32"), "y": infeed.FixedLen((), "float32")}
@@ -76,6 +76,7 @@ def test_profile_steps_write_a_trace_with_the_input_stages_named(files, tmp_path
     assert os.path.exists(os.path.join(os.path.dirname(trace), "perfetto_trace.json.gz"))
     assert "profile of the loops of steps 10..14 written to " + os.path.dirname(trace) in caplog.text
     assert "tensorboard --logdir " + str(tmp_path / "profile") in caplog.text
+    assert "the decoding workers run outside it: `infeed stats infeed-" in caplog.text
 
 
 class _Profiler:
@@ -161,3 +162,11 @@ def test_profile_steps_are_checked(tmp_path, steps):
 def test_profile_steps_may_be_a_list_and_default_to_none(tmp_path):
     assert est.RunConfig(model_dir=str(tmp_path), profile_steps=[2, 2]).profile_steps == (2, 2)
     assert est.RunConfig(model_dir=str(tmp_path)).profile_steps is None
+
+
+def test_each_process_traces_into_its_own_directory(tmp_path, monkeypatch):
+    config = est.RunConfig(model_dir=str(tmp_path), profile_steps=(0, 1))
+    assert profile_dir(config) == str(tmp_path / "profile")
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    assert profile_dir(config) == str(tmp_path / "profile" / "process_1")
