@@ -73,6 +73,7 @@ def test_profile_steps_write_a_trace_with_the_input_stages_named(files, tmp_path
     for name in (b"feeder/wait", b"feeder/source", b"feeder/transfer", b"feeder/wait_ready", b"infeed/wait_for_slot",
                  b"estimator/fetch_outputs", b"estimator/summaries", b"estimator/checkpoint"):
         assert name in data, name
+    assert b"Feeder" in data                                   # the feeder's thread, named for the profiler
     assert os.path.exists(os.path.join(os.path.dirname(trace), "perfetto_trace.json.gz"))
     assert "profile of the loops of steps 10..14 written to " + os.path.dirname(trace) in caplog.text
     assert "tensorboard --logdir " + str(tmp_path / "profile") in caplog.text
