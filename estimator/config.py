@@ -31,6 +31,20 @@ def _directory(name, config, allow_none=False):
     object.__setattr__(config, name, os.fspath(value))
 
 
+def _profile_steps(steps) -> tuple[int, int] | None:
+    """``steps`` as a ``(first, last)`` tuple, or an InvalidArgumentError naming the field."""
+    if steps is None:
+        return None
+    if not (isinstance(steps, (tuple, list)) and len(steps) == 2
+            and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)):
+        raise InvalidArgumentError(f"RunConfig.profile_steps must be None or a pair of step indices (first, last), "
+                                   f"got {steps!r}")
+    first, last = steps
+    if not 0 <= first <= last:
+        raise InvalidArgumentError(f"RunConfig.profile_steps must have 0 <= first <= last, got {tuple(steps)!r}")
+    return first, last
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """As TPUEstimator's RunConfig + TPUConfig, for JAX.
@@ -52,6 +66,14 @@ class RunConfig:
         its loop) when the loss is NaN or Inf, before that loop's state is checkpointed, and (naming
         the variable) when a state about to be checkpointed holds NaN or Inf: the last checkpoint
         stays good.
+    profile_steps: ``(first, last)``: ``train`` records a ``jax.profiler`` trace of the compiled loops
+        that run steps ``first`` to ``last`` (step indices from 0, as ``xla_runtime.current_step()`` and
+        ``host_call`` functions see them), the infeed's stages among its named events, into
+        ``model_dir/profile`` (``plugins/profile/<run>/<host>.xplane.pb``, as TensorBoard's profile
+        plug-in reads it, and ``perfetto_trace.json.gz`` for ui.perfetto.dev; with several processes,
+        ``model_dir/profile/process_<i>``). Whole loops are traced: from the loop holding ``first``
+        (its input's wait included) to the end of the host work after the loop holding ``last``.
+        None (the default): no trace. See docs/profiling.md.
     distributed: call ``jax.distributed.initialize()`` (multi-host): with ``coordinator_address``,
         ``num_processes`` and ``process_id`` when given, else as JAX finds them in the environment.
     compilation_cache_dir: a directory (or URI) where JAX's persistent compilation cache keeps every
@@ -80,6 +102,7 @@ class RunConfig:
     num_processes: int | None = None
     process_id: int | None = None
     compilation_cache_dir: str | None = None
+    profile_steps: tuple[int, int] | None = None
 
     def __post_init__(self):
         _directory("model_dir", self)
@@ -114,6 +137,7 @@ class RunConfig:
                                        f"got {self.variable_sharding!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise InvalidArgumentError(f"RunConfig.seed must be an int, got {self.seed!r}")
+        object.__setattr__(self, "profile_steps", _profile_steps(self.profile_steps))
 
     @property
     def checkpoint_every_steps(self) -> int | None:

@@ -33,6 +33,7 @@ from estimator.eval_totals import EvalTotals
 from estimator.export import export_model
 from estimator.export_integrity import export_digest
 from estimator.inputs import Input, fetch, local_part, split_batch
+from estimator.profiling import ProfileWindow
 from estimator.progress import batch_bar
 from estimator.spec import EstimatorSpec, ModeKeys
 from estimator.steps import ModelSteps, trainable
@@ -215,6 +216,7 @@ class Estimator:
         input_state = self._input_state if self._state is not None else (
             checkpointed_input(self.checkpoints) if start else None)
         bookkeeping = TrainBookkeeping(self.config, self.checkpoints, start, target, self.batch_sizes[ModeKeys.TRAIN])
+        profile = ProfileWindow(self.config, start, target)
         source, done = None, False
         try:
             source = self._input(input_fn, ModeKeys.TRAIN, k, input_state, reuse=self._take_kept_input())
@@ -222,23 +224,29 @@ class Estimator:
             loop = None
             step = start
             before = source.state()
-            for batches in source:
-                if loop is None:
-                    state = self._restore_or_init(batches, source.labels)
-                    train_step = functools.partial(self._steps.train, self.optimizer)
-                    loop = self._loop(ModeKeys.TRAIN, source.labels, train_step)
-                n = min(k, target - step, jax.tree.leaves(batches)[0].shape[0])
-                if n < jax.tree.leaves(batches)[0].shape[0]:
-                    batches = jax.tree.map(lambda x: x[:n], batches)
-                state, outputs = loop(state, batches, first_step=step)
-                after = source.state()
-                input_state = after if n == k or after is None else dict(before, batch=before["batch"] + n)
-                before = after
-                step += n
-                bookkeeping.after_loop(step - n, n, outputs, self._steps.host_call_fn, source.wait_s)
-                bookkeeping.checkpoint_if_due(step, state, input_state)
-                if step >= target:
-                    break
+            profile.ring = source.ring
+            loops = iter(source)
+            while step < target:
+                profile.before_loop(step)
+                with jax.profiler.StepTraceAnnotation("train", step_num=step):     # a profile's step: one loop
+                    batches = next(loops, None)
+                    if batches is None:
+                        break
+                    if loop is None:
+                        state = self._restore_or_init(batches, source.labels)
+                        train_step = functools.partial(self._steps.train, self.optimizer)
+                        loop = self._loop(ModeKeys.TRAIN, source.labels, train_step)
+                    n = min(k, target - step, jax.tree.leaves(batches)[0].shape[0])
+                    if n < jax.tree.leaves(batches)[0].shape[0]:
+                        batches = jax.tree.map(lambda x: x[:n], batches)
+                    state, outputs = loop(state, batches, first_step=step)
+                    after = source.state()
+                    input_state = after if n == k or after is None else dict(before, batch=before["batch"] + n)
+                    before = after
+                    step += n
+                    bookkeeping.after_loop(step - n, n, outputs, self._steps.host_call_fn, source.wait_s)
+                    bookkeeping.checkpoint_if_due(step, state, input_state)
+                profile.after_loop(step)
             if loop is None:
                 raise InputError("input_fn gave no batch to train on")
             self._state, self._input_state = state, input_state
@@ -249,6 +257,7 @@ class Estimator:
             self.checkpoints.wait()
             done = True
         finally:
+            profile.close()
             if done and source.continues_at(input_state):
                 self._keep_input(source)
             elif source is not None:

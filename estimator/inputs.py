@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 
 import jax
 import numpy as np
+from jax.profiler import TraceAnnotation
 from jax.sharding import PartitionSpec as P
 
 import infeed
@@ -79,6 +80,7 @@ class Input:
             self.dataset = source.replace(**changes)
             self.labels = self.dataset.labels
             self._daemon = infeed.Daemon(self.dataset, num_workers=workers, slots=slots, state=state)
+            self._daemon.annotate = TraceAnnotation           # "infeed/wait_for_slot" events in a profile
             host = self._daemon if steps > 1 else _OneStep(self._daemon)
             if exact and processes > 1:
                 padding = {name: _zeros(spec) for name, spec in self.dataset.template().items()}
@@ -121,6 +123,11 @@ class Input:
         f = self._feeder.stats
         return self._daemon.stats().with_consumer_stages(host_to_device=f.transfer_s,
                                                          trainer_wait=f.wait_s - f.first_wait_s)
+
+    @property
+    def ring(self):
+        """The ring of a Dataset input's daemon (``infeed stats`` reads its workers' counters), else None."""
+        return self._daemon.ring if self._daemon is not None else None
 
     def state(self) -> dict | None:
         """Where the input resumes after the batches handed out (a Dataset input only)."""

@@ -1,7 +1,9 @@
 """The host side of training between its compiled loops: each loop's losses checked
 (``RunConfig.stop_on_nan``), ``host_call`` run for each of its steps, log lines and summaries, and
 checkpoints on the RunConfig's cadence (a state holding NaN or Inf never saved, each process's input
-position saved with it); where the input resumes from the latest checkpoint.
+position saved with it); where the input resumes from the latest checkpoint. Each part is a named
+``jax.profiler`` event (``estimator/fetch_outputs``, ``estimator/host_call``, ``estimator/summaries``,
+``estimator/checkpoint``) in a profile (``RunConfig.profile_steps``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.profiler import TraceAnnotation
 
 from estimator.checkpoints import Checkpoints
 from estimator.config import RunConfig
@@ -57,7 +60,8 @@ class TrainBookkeeping:
     def after_loop(self, first: int, n: int, outputs: dict, host_call_fn, input_wait_s: float | None = None) -> None:
         """Checks the loss, runs the host_call, logs, and writes summaries (every save_summary_steps and at the end);
         ``input_wait_s``: the seconds the loops have waited for their input so far."""
-        outputs = fetch(outputs)
+        with TraceAnnotation("estimator/fetch_outputs"):       # waits for the loop to end
+            outputs = fetch(outputs)
         losses = np.asarray(outputs["loss"])
         if self.config.stop_on_nan and not np.all(np.isfinite(losses)):
             bad = int(np.flatnonzero(~np.isfinite(losses))[0])
@@ -66,27 +70,30 @@ class TrainBookkeeping:
                 f"training stopped and this loop's state was not saved: the last checkpoint is "
                 f"{self._last_checkpoint()} (RunConfig(stop_on_nan=False) trains on)")
         if "host_call" in outputs:
-            for i in range(n):
-                args = jax.tree.map(lambda x: x[i], outputs["host_call"])
-                host_call_fn(first + i, **args) if isinstance(args, dict) else host_call_fn(first + i, *args)
+            with TraceAnnotation("estimator/host_call"):
+                for i in range(n):
+                    args = jax.tree.map(lambda x: x[i], outputs["host_call"])
+                    host_call_fn(first + i, **args) if isinstance(args, dict) else host_call_fn(first + i, *args)
         step = first + n
-        rates = self.logger.update(step, loss=float(losses[-1]), input_wait_s=input_wait_s)
-        every = self.config.save_summary_steps
-        if step // every > first // every or rates or step >= self.target:
-            scalars = {"loss": float(losses[-1]), **rates}
-            if "learning_rate" in outputs:
-                scalars["learning_rate"] = float(np.asarray(outputs["learning_rate"])[-1])
-            self.writer.scalars(scalars, step)
+        with TraceAnnotation("estimator/summaries"):
+            rates = self.logger.update(step, loss=float(losses[-1]), input_wait_s=input_wait_s)
+            every = self.config.save_summary_steps
+            if step // every > first // every or rates or step >= self.target:
+                scalars = {"loss": float(losses[-1]), **rates}
+                if "learning_rate" in outputs:
+                    scalars["learning_rate"] = float(np.asarray(outputs["learning_rate"])[-1])
+                self.writer.scalars(scalars, step)
 
     def checkpoint_if_due(self, step: int, state, input_state: dict | None) -> None:
         """Saves ``state`` as checkpoint ``step``, with each process's input position, when the cadence
         says so or at ``target``; a state holding NaN or Inf is refused first (``stop_on_nan``)."""
         if self._due(step - self._saved_step, time.monotonic() - self._saved_time) or step >= self.target:
-            if self.config.stop_on_nan:
-                self._check_finite(state, step)
-            inputs = gather_json(input_state)       # each process's own input position
-            self.checkpoints.save(step, state, {"input": inputs if len(inputs) > 1 else input_state,
-                                                "global_step": step})
+            with TraceAnnotation("estimator/checkpoint"):
+                if self.config.stop_on_nan:
+                    self._check_finite(state, step)
+                inputs = gather_json(input_state)       # each process's own input position
+                self.checkpoints.save(step, state, {"input": inputs if len(inputs) > 1 else input_state,
+                                                    "global_step": step})
             self._saved_step, self._saved_time = step, time.monotonic()
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ import json
 import logging
 import os
 import time
-from typing import Callable
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 from infeed.daemon.dataset import Dataset
 from infeed.daemon.input_stats import InputStats
@@ -34,6 +35,10 @@ SPIN = 0.0002
 #: Seconds a consumer waits for one batch before it logs a warning naming the worker that owes
 #: it and what that process is doing, and again every as many seconds while it waits (see :class:`Feed`).
 STALL_WARNING = 60.0
+#: The name of the event that ``Feed.annotate`` wraps around each wait for a filled slot.
+WAIT_EVENT = "infeed/wait_for_slot"
+
+_NO_EVENT = nullcontext()
 
 _log = logging.getLogger("infeed")
 
@@ -72,6 +77,12 @@ class Feed:
     over a batch without the system call that wakes a sleeping process, which
     costs tens of microseconds per batch in a virtual machine. ``feed.spin``
     (seconds) changes it; 0 never polls.
+
+    ``feed.annotate`` (None by default) is a function of a name that returns a
+    context manager, such as ``jax.profiler.TraceAnnotation``: each wait for a
+    filled slot then runs inside ``feed.annotate("infeed/wait_for_slot")``, a
+    named event in a profile. infeed itself never imports a profiler; the
+    Estimator sets it (see docs/profiling.md).
     """
 
     def __init__(self, ring: Ring, dataset: Dataset, check: Callable[[int], None], timeout: float | None = None,
@@ -82,6 +93,7 @@ class Feed:
         self.stall_warning: float | None = STALL_WARNING
         self.spin = SPIN if len(os.sched_getaffinity(0)) > workers else 0.0
         self._workers = workers
+        self.annotate: Callable[[str], ContextManager] | None = None
         self._wait_began = 0
         self._warned = 0
         #: Whether the slots are registered with CUDA as pinned memory (a CUDA GPU is present).
@@ -110,7 +122,8 @@ class Feed:
         began = self._wait_began = time.perf_counter_ns()
         self._warned = 0
         try:
-            ring.acquire_filled(slot, self.timeout, self._check_waiting, self.spin)
+            with self.annotate(WAIT_EVENT) if self.annotate is not None else _NO_EVENT:
+                ring.acquire_filled(slot, self.timeout, self._check_waiting, self.spin)
         except Timeout:
             k, pid = self._owner(seq)
             raise Timeout(self._owed(seq), self.timeout, k, pid) from None

@@ -1,5 +1,6 @@
 """The decoding daemon: batch order, padding, resume, sharding, errors and clean-up across processes."""
 
+import contextlib
 import json
 import os
 
@@ -157,6 +158,21 @@ def test_a_batch_is_a_view_released_at_the_next_batch(files):
         assert feed.ring.slot_state(0)[0] in ("free", "writing", "filled")
         second = next(feed)
         assert second["id"].base is not None and not second["id"].flags.owndata
+
+
+def test_annotate_wraps_each_wait_for_a_filled_slot(files):
+    events = []
+
+    @contextlib.contextmanager
+    def annotate(name):
+        events.append(name)
+        yield
+
+    with Daemon(Dataset(files, SPEC, batch_size=30), num_workers=2, slots=2, lock_memory=False) as feed:
+        next(feed)
+        feed.annotate = annotate
+        assert len(list(feed)) == 2
+    assert events == ["infeed/wait_for_slot"] * 3          # two batches, then the slot that ends the data
 
 
 def test_a_record_that_breaks_the_spec_names_file_record_and_offset(files, tmp_path):
