@@ -52,6 +52,7 @@ class Producer:
         self._views: dict = {}
         self._last_check = 0.0
         self._waiting_since: int | None = None    # monotonic_ns when the wait for a free slot began, while it lasts
+        self._wait_ns = 0                         # waited for a free slot, not counted yet
 
     # --- the ring ---------------------------------------------------------------------------
     def _check(self) -> None:
@@ -64,18 +65,19 @@ class Producer:
         self.ring.check_owner()
 
     def _count_wait(self) -> None:
-        """Counts the wait for a free slot so far (also while it lasts: ``infeed stats`` sees it grow)."""
+        """Counts the wait for a free slot so far, while it lasts (``infeed stats`` sees it grow)."""
         now = time.monotonic_ns()
         self.ring.count_work(self.index, wait_ns=now - self._waiting_since, readers=stage_totals())
         self._waiting_since = now
 
     def _acquire(self, unit: int) -> int:
+        """Waits for ``unit``'s slot to be free; the rest of the wait is counted with the next batch."""
         slot = unit % self.ring.slots
         self._waiting_since = time.monotonic_ns()
         try:
             self.ring.acquire_free(slot, check=self._check)
         finally:
-            self._count_wait()
+            self._wait_ns += time.monotonic_ns() - self._waiting_since
             self._waiting_since = None
         if self.ring.stop_requested:
             raise Stopped()
@@ -136,13 +138,14 @@ class Producer:
                         after = stage_totals()
                         # Decoding is the fill's time less the reads (inflating included) and CRCs within it.
                         decode_ns = filled - (after[0] - before[0]) - (after[2] - before[2])
+                        waited, self._wait_ns = self._wait_ns, 0
                         if not exists(ds, count):    # read as decoded: the epoch ended before this batch
-                            ring.count_work(k, decode_ns=decode_ns, readers=after)
+                            ring.count_work(k, decode_ns=decode_ns, wait_ns=waited, readers=after)
                             continue
                         last = step == per_slot - 1
                         # Counted before it is published: a consumer that took the batch sees it counted.
                         ring.count_work(k, batches=last, records=count, nbytes=nbytes, decode_ns=decode_ns,
-                                        readers=after)
+                                        wait_ns=waited, readers=after)
                         if last:
                             ring.publish(slot, unit, cursor=(epoch, planned.index + 1))
                             slot = None
@@ -159,7 +162,8 @@ class Producer:
             unit, step = divmod(done, per_slot)
             if step:
                 if unit % w == k:
-                    ring.count_work(k, batches=1)
+                    ring.count_work(k, batches=1, wait_ns=self._wait_ns)
+                    self._wait_ns = 0
                     ring.publish(slot, unit, steps=step, cursor=(epoch, 0))
                     slot = None
                 unit += 1
