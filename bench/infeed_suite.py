@@ -78,7 +78,7 @@ __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "s
            "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
            "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "QUICK_MIN_BATCHES",
            "SMALLEST",
-           "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS"]
+           "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS", "DECODE_HEAVY", "target_of"]
 
 SUITE = "infeed"
 BATCH_SIZE = decode.BATCH_SIZE
@@ -101,8 +101,23 @@ FILL_TIMEOUT = 30.0
 PARSE = "parse (1 process)"
 HANDOFF = "hand-off: next(feed), batch waiting (B=1)"
 
-#: (numerator, denominator) -> (minimum ratio of the medians, whether it must be exceeded).
-TARGETS = {("daemon W=1", PARSE): (0.9, False), ("daemon W=2, busy consumer", "daemon W=1, busy consumer"): (1.0, True)}
+#: The layout whose decoding is the heaviest per byte: where a second worker must pay off.
+DECODE_HEAVY = "criteo"
+#: (numerator, denominator) -> (minimum ratio of the medians, whether it must be exceeded, the layouts it holds
+#: for or None for all). W=2 against W=1 is judged with a consumer that only takes batches, on the layout
+#: whose workers spend their time decoding: on 2 CPUs two workers can then come close to twice one (the
+#: consumer sleeps between batches). With a busy consumer (it and the workers share the CPUs) that ratio
+#: is information, not a target: what a second worker buys depends on the trainer's CPU use.
+TARGETS = {("daemon W=1", PARSE): (0.95, False, None),
+           ("daemon W=2", "daemon W=1"): (1.7, False, (DECODE_HEAVY,))}
+
+
+def target_of(num: str, den: str, layout: str) -> tuple[float | None, bool]:
+    """(minimum ratio, strict) of ``num / den`` on ``layout``; (None, False) when none is set."""
+    target, strict, layouts = TARGETS.get((num, den), (None, False, None))
+    if target is None or (layouts is not None and layout not in layouts):
+        return None, False
+    return target, strict
 
 
 def daemon_name(workers: int) -> str:
@@ -445,15 +460,8 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
         result.stages.append(stage_breakdown(name, c.name, c.median_stages()))
 
     # Ratios.
-    for w in workers:
-        num, den = daemon_name(w), PARSE
-        value = result.figure(name, num).records_per_s / parse_figure.records_per_s
-        target, strict = TARGETS.get((num, den), (None, False))
-        result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", value, target, strict))
-    for w in workers:
-        if w == base:
-            continue
-        num, den = busy_name(w), busy_name(base)
+    pairs = [(daemon_name(w), PARSE) for w in workers]
+    pairs += [(make(w), make(base)) for make in (daemon_name, busy_name) for w in workers if w != base]
+    for num, den in pairs:
         value = result.figure(name, num).records_per_s / result.figure(name, den).records_per_s
-        target, strict = TARGETS.get((num, den), (None, False))
-        result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", value, target, strict))
+        result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", value, *target_of(num, den, name)))

@@ -72,15 +72,16 @@ def _run(tmp_path, capsys, *extra):
     return capsys.readouterr().out, json.loads(out_json.read_text())
 
 
-def _expected(workers, slots=suite.SLOT_SWEEP):
+def _expected(workers, slots=suite.SLOT_SWEEP, layout="mnist"):
     figures = ([suite.PARSE] + [f(w) for f in (suite.daemon_name, suite.startup_name) for w in workers]
                + [suite.busy_name(w, n) for w in workers for n in sorted({suite.SLOTS, *slots})])
     timings = ([suite.startup_timing(w) for w in workers] + [suite.every_worker_timing(w) for w in workers if w > 1]
                + [suite.cpu_timing(w) for w in workers] + [suite.HANDOFF])
-    ratios = {f"{suite.daemon_name(w)} / {suite.PARSE}": (0.9 if w == 1 else None) for w in workers}
-    ratios.update({f"{suite.busy_name(w)} / {suite.busy_name(min(workers))}": (1.0 if (min(workers), w) == (1, 2)
-                                                                              else None)
-                   for w in workers if w != min(workers)})
+    base = min(workers)
+    ratios = {f"{suite.daemon_name(w)} / {suite.PARSE}": (0.95 if w == 1 else None) for w in workers}
+    ratios.update({f"{suite.daemon_name(w)} / {suite.daemon_name(base)}": (
+        1.7 if (base, w) == (1, 2) and layout == suite.DECODE_HEAVY else None) for w in workers if w != base})
+    ratios.update({f"{suite.busy_name(w)} / {suite.busy_name(base)}": None for w in workers if w != base})
     return figures, timings, ratios
 
 
@@ -106,7 +107,13 @@ def test_infeed_suite_prints_every_figure_timing_and_ratio_and_leaves_nothing_be
         assert (t["target_max"], t["met"] is None) == ((suite.HANDOFF_TARGET_US, False) if t["name"] == suite.HANDOFF
                                                        else (None, True))
     assert {(r["group"], r["name"], r["target"]) for r in suite_doc["ratios"]} == {
-        (l, n, target) for l in LAYOUTS for n, target in ratios.items()}
+        (l, n, target) for l in LAYOUTS for n, target in _expected([1, 2], layout=l)[2].items()}
+    daemons = [n for n in figures if n.startswith("daemon") and "start-up" not in n]
+    assert {(r["group"], r["name"]) for r in suite_doc["stages"]} == {(l, n) for l in LAYOUTS for n in daemons}
+    for row in suite_doc["stages"]:
+        assert set(row["worker_shares"]) == {"read", "inflate", "crc", "decode", "wait_for_slot", "other"}
+        assert 0 <= row["trainer_wait"] <= 1 and row["bottleneck"]
+    assert "Where the time went" in (tmp_path / "infeed.md").read_text()
     assert all(r["value"] > 0 and (r["met"] is None) == (r["target"] is None) for r in suite_doc["ratios"])
     params = suite_doc["params"]
     assert params["workers"] == [1, 2] and params["slots"] == suite.SLOTS and params["pinned"] is False
