@@ -15,7 +15,7 @@ import time
 
 from bench import datasets
 from bench.children import child_main
-from bench.harness import Case, interleave, log
+from bench.harness import Case, interleave, log, stage_breakdown
 from bench.train_suite import (BATCH, CHECKPOINT, EST, KERAS, LAYOUT, LOSS_RTOL, OVERHEAD, PY, SLOTS, SUITE, WORKERS,
                                _end_timing, _start_timing, cl_name, group_name, mem_name, steady)
 
@@ -116,14 +116,31 @@ class _LoopEnds:
         self.logger.level, self.logger.propagate = self.saved
 
 
+def _cpu_seconds(pids) -> float:
+    """User and system CPU seconds the processes ``pids`` have used (0 for one that is gone)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])          # utime, stime (fields 14 and 15 of stat(5))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 class _EstimatorCase:
-    """``Estimator.train(input_fn, steps)`` per run; keeps each run's phases (start, steady loops, end)."""
+    """``Estimator.train(input_fn, steps)`` per run; keeps each run's phases (start, steady loops, end), and the
+    share of the CPUs its input took: its workers' CPU seconds (from /proc) and the feeder's copies to the
+    devices, over the run's wall time and the CPUs allowed; and the input's stages over the last run."""
 
     def __init__(self, estimator, input_fn, steps: int, k: int, ends: _LoopEnds):
         self.e, self.input_fn, self.steps, self.k, self.ends = estimator, input_fn, steps, k, ends
         self.start: list[float] = []
         self.steady: list[float] = []
         self.end: list[float] = []
+        self.input_cpu_share: list[float] = []
+        self.stages = None
 
     def train(self, steps: int) -> list:
         """Trains ``steps`` more steps; returns the loop ends logged, checked to be one per loop."""
@@ -143,7 +160,14 @@ class _EstimatorCase:
         return ends
 
     def run(self) -> int:
+        before = self.e.input_stats()
+        pids = [w.pid for w in before.workers]
+        cpu0, began = _cpu_seconds(pids), time.perf_counter()
         self.train(self.steps)
+        wall = time.perf_counter() - began
+        self.stages = self.e.input_stats().since(before)
+        used = _cpu_seconds(pids) - cpu0 + self.stages.consumer["host_to_device"]
+        self.input_cpu_share.append(used / (wall * len(os.sched_getaffinity(0))))
         return self.steps * BATCH
 
 
@@ -324,7 +348,8 @@ def _measure(config: dict) -> dict:
     return {"group": group, "devices": d, "steps": steps, "k": k, "batch": b, "nbytes_step": nbytes_step,
             "seconds": seconds, "timings": timings, "first_call_s": first_call_s, "compile_and_check_s": compile_s,
             "global_step": global_step, "first_losses": [est_loss, float(want[-1])],
-            "compiled_while_timing": compiled.compilations,
+            "compiled_while_timing": compiled.compilations, "input_cpu_share": est_case.input_cpu_share,
+            "input_stages": stage_breakdown(group, EST, est_case.stages),
             "keras": None if keras_case is None else {"version": keras_case[2], "first_epoch_loss": keras_case[1]}}
 
 

@@ -44,6 +44,8 @@ from estimator.warm_start import warm_start
 if TYPE_CHECKING:
     import optax
 
+    import infeed
+
 __all__ = ["Estimator"]
 
 _log = logging.getLogger("estimator")
@@ -123,6 +125,14 @@ class Estimator:
         """Keeps ``source`` open for the next train() call; closed by :meth:`close`, when the
         Estimator is collected, or at exit."""
         self._kept_input = weakref.finalize(self, Input.close, source)
+
+    def input_stats(self) -> infeed.InputStats | None:
+        """Where the time of the training input kept open by the last ``train`` call went, since its daemon
+        started (``later.since(earlier)`` for an interval): each stage of its workers, its feeder's copies
+        to the devices and the loops' wait for them, and the bottleneck in a sentence. None when no
+        ``infeed.Dataset`` input is open."""
+        kept = self._kept_input.peek() if self._kept_input is not None else None
+        return kept[2][0].stats() if kept else None
 
     def close(self) -> None:
         """Stops the training input that ``train`` keeps open between calls (its feeder, the

@@ -179,6 +179,11 @@ def test_a_train_call_logs_its_input_wait_and_where_the_input_time_went(files, t
                                                                  "hand-off-bound")
     table = next(line for line in lines if line.startswith("input stages over this train call"))
     assert "copying batches to the devices" in table and "decode" in table
+    stats = e.input_stats()                     # the input the call left open
+    assert stats.taken >= 6 and len(stats.workers) == 2 and stats.consumer["host_to_device"] > 0
+    assert stats.since(stats).elapsed_s == 0
+    e.close()
+    assert e.input_stats() is None
     caplog.clear()
     x, y = make_data(32)
     make(tmp_path / "iterable").train(lambda params: [({"x": x}, y)] * 20, steps=10)   # an iterable: no stages
