@@ -48,6 +48,10 @@ class ProfileWindow:
         self._settled = self.steps is None    # traced already, or cannot be
         #: The input's ring (a Dataset input), named in the log line for ``infeed stats``.
         self.ring = None
+        #: The input's ``stats()`` (``Input.stats``: None for an iterable): the decoding workers' stages over the
+        #: traced loops are logged when the trace stops, since the trace cannot hold them.
+        self.input_stats = None
+        self._stats_before = None
 
     def before_loop(self, step: int) -> None:
         """Starts the trace when the loop from step ``step`` may run a profiled step."""
@@ -62,6 +66,7 @@ class ProfileWindow:
                 self._settled = True
                 return
             self._began = step
+            self._stats_before = self.input_stats() if self.input_stats is not None else None
 
     def after_loop(self, step: int) -> None:
         """Notes that ``step`` steps are done; stops the trace once the last profiled step ran."""
@@ -92,6 +97,15 @@ class ProfileWindow:
         _log.info("profile of %s%s written to %s: open it with `tensorboard --logdir %s` (pip install "
                   "tensorboard-plugin-profile; the Profile tab), or %s at https://ui.perfetto.dev%s "
                   "(docs/profiling.md)", steps, why, run, self.dir, os.path.join(run, "perfetto_trace.json.gz"), ring)
+        before, self._stats_before = self._stats_before, None
+        if before is not None:
+            try:
+                stats = self.input_stats().since(before)
+            except Exception as e:      # noqa: BLE001 -- a diagnostic: the input may be failing already
+                _log.warning("the input's stages over the profiled loops could not be read: %s", e)
+                return
+            _log.info("the input over the profiled loops (docs/diagnostics.md): %s\n%s", stats.bottleneck(),
+                      stats.table())
 
     def _ring(self) -> str:
         """Where to see the decoding workers, which the trace does not hold ("" without a ring)."""

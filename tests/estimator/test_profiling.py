@@ -78,6 +78,9 @@ def test_profile_steps_write_a_trace_with_the_input_stages_named(files, tmp_path
     assert "profile of the loops of steps 10..14 written to " + os.path.dirname(trace) in caplog.text
     assert "tensorboard --logdir " + str(tmp_path / "profile") in caplog.text
     assert "the decoding workers run outside it: `infeed stats infeed-" in caplog.text
+    stages = next(r.getMessage() for r in caplog.records if "the input over the profiled loops" in r.getMessage())
+    assert "wait_for_slot" in stages and stages.splitlines()[-1].split(":")[0] in (
+        "input-bound", "trainer-bound", "balanced", "hand-off-bound")
 
 
 class _Profiler:
