@@ -183,8 +183,9 @@ class InputStats:
         if self.trainer_wait >= INPUT_BOUND:
             if idle >= IDLE_WORKERS:
                 return (f"hand-off-bound: {waited}, yet workers wait {100 * idle:.0f} % of theirs for a free "
-                        f"slot: the consumer holds slots too long; release each batch as soon as it is copied, "
-                        f"or add slots")
+                        f"slot: slots come back in order, so a worker that is ahead waits while the consumer "
+                        f"waits for another's batch (or the consumer holds its batches too long): put several "
+                        f"batches in a slot (steps_per_slot), add slots, or leave a core free of workers")
             advice = _ADVICE[top]
             if top in ("decode", "crc", "inflate") and len(self.workers) + 1 > self.cpus:
                 advice += (f" ({len(self.workers)} worker{'s' if len(self.workers) > 1 else ''} and the trainer "
