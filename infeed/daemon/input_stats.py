@@ -137,7 +137,9 @@ class InputStats:
         consumer = ring.consumer_counters()
         filled = sum(ring.slot_state(i)[0] == "filled" for i in range(ring.slots))
         workers = tuple(WorkerStats.from_counters(w) for w in ring.workers())
-        return cls(ring.name, consumer["elapsed_s"], ring.slots, filled, int(consumer["taken"]), ring.steps_per_slot, {"start_up": consumer["startup_s"], "wait_for_batch": consumer["stall_s"]}, workers, _cpus())
+        waits = {"start_up": consumer["startup_s"], "wait_for_batch": consumer["stall_s"]}
+        return cls(ring.name, consumer["elapsed_s"], ring.slots, filled, int(consumer["taken"]), ring.steps_per_slot,
+                   waits, workers, _cpus())
 
     def since(self, earlier: "InputStats") -> "InputStats":
         """The figures between ``earlier`` (read from the same ring) and these."""

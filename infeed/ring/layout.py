@@ -20,8 +20,8 @@ from infeed.example.spec import Padded
 from infeed.ring import _ring
 
 __all__ = ["MAGIC", "VERSION", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
-           "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "WORKER_FIELDS", "HEADER_WORDS", "HEADER_STOP", "SegmentPlan", "align",
-           "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan", "header_problem"]
+           "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "WORKER_FIELDS", "HEADER_WORDS", "HEADER_STOP", "SegmentPlan",
+           "align", "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan", "header_problem"]
 
 MAGIC = b"INFEEDRB"
 #: 3: the creator and the workers hold locks (:mod:`infeed.ring.locks`); liveness no longer reads pids.
