@@ -8,6 +8,10 @@ here, 1,024 there), it times, interleaved (A B C A B C ...):
 - ``parse (1 process)``: ``read_batch(B)`` and ``ExampleParser.parse`` into
   one preallocated batch in this process (``bench decode``'s ``infeed read +
   parse`` case, reused): the single-process decode rate, the baseline.
+- ``parse (W processes at once)``, for each W > 1: the same parse, by W
+  processes at the same time, each over the whole file (started before
+  timing: :mod:`bench.parallel_parse`): what this machine gives W decoders
+  that share nothing, the bound for W workers. W=2 is judged against it.
 - ``daemon W=w``: ``infeed.Daemon(infeed.Dataset(file, spec, batch_size=B,
   num_epochs=1), num_workers=w, slots=8, lock_memory=False)`` and a consumer
   that only takes every batch (``for batch in feed: pass``). The rate is the
@@ -71,6 +75,7 @@ import numpy as np
 
 import infeed
 from bench import datasets, decode
+from bench.parallel_parse import ParallelParse
 from bench.harness import (Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator,
                            stage_breakdown)
 
@@ -78,7 +83,8 @@ __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "s
            "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
            "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "QUICK_MIN_BATCHES",
            "SMALLEST",
-           "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS", "DECODE_HEAVY", "target_of"]
+           "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS", "DECODE_HEAVY", "target_of",
+           "parallel_name", "scaling_name"]
 
 SUITE = "infeed"
 BATCH_SIZE = decode.BATCH_SIZE
@@ -104,12 +110,24 @@ HANDOFF = "hand-off: next(feed), batch waiting (B=1)"
 #: The layout whose decoding is the heaviest per byte: where a second worker must pay off.
 DECODE_HEAVY = "criteo"
 #: (numerator, denominator) -> (minimum ratio of the medians, whether it must be exceeded, the layouts it holds
-#: for or None for all). W=2 against W=1 is judged with a consumer that only takes batches, on the layout
-#: whose workers spend their time decoding: on 2 CPUs two workers can then come close to twice one (the
-#: consumer sleeps between batches). With a busy consumer (it and the workers share the CPUs) that ratio
-#: is information, not a target: what a second worker buys depends on the trainer's CPU use.
+#: for or None for all). W=2 against W=1 is judged with a consumer that only takes batches, on the layout whose
+#: workers spend their time decoding, against what the machine gives two decoders that share nothing
+#: (``parse (2 processes at once)`` over ``parse (1 process)``: about 1.7x on a 2-CPU virtual machine, whose
+#: CPUs slow each other down): the daemon must keep 85 % of that gain (1.7x of an ideal 2x) although its
+#: consumer also runs and each worker passes the other's records. With a busy consumer (it and the workers
+#: share the CPUs) the ratio is information: what a second worker buys depends on the trainer's CPU use.
 TARGETS = {("daemon W=1", PARSE): (0.95, False, None),
-           ("daemon W=2", "daemon W=1"): (1.7, False, (DECODE_HEAVY,))}
+           ("daemon W=2 / daemon W=1, over parse (2 processes at once) / parse (1 process)", ""):
+               (0.85, False, (DECODE_HEAVY,))}
+
+
+def parallel_name(processes: int) -> str:
+    return f"parse ({processes} processes at once)"
+
+
+def scaling_name(workers: int) -> str:
+    """The ratio of W workers' gain over one to what W independent decoders gain on this machine."""
+    return f"{daemon_name(workers)} / {daemon_name(1)}, over {parallel_name(workers)} / {PARSE}"
 
 
 def target_of(num: str, den: str, layout: str) -> tuple[float | None, bool]:
@@ -413,10 +431,16 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     log(f"infeed: timing {name} ({repeats} runs per case) ...")
     parse = dataclasses.replace(decode.parse_case(ds, b), name=PARSE)
     idle = {w: DaemonCase(daemon_name(w), dataset, w, n_batches) for w in workers}
-    settle_allocator()
-    measured = interleave([parse, *(c.case(all_records, all_bytes) for c in idle.values())], repeats, WARMUP)
+    with contextlib.ExitStack() as stack:
+        parallel = [Case(parallel_name(w), stack.enter_context(ParallelParse(ds.path, name, b, w)).run,
+                         w * ds.records, w * ds.nbytes) for w in workers if w > 1]
+        settle_allocator()
+        measured = interleave([parse, *parallel, *(c.case(all_records, all_bytes) for c in idle.values())], repeats,
+                              WARMUP)
     parse_figure = dataclasses.replace(measured[0].figure(SUITE, name), batches=-(-len(sizes) // b))
     result.figures.append(parse_figure)
+    result.figures += [dataclasses.replace(m.figure(SUITE, name), batches=parse_figure.batches * w)
+                       for m, w in zip(measured[1:1 + len(parallel)], [w for w in workers if w > 1])]
     for w, c in idle.items():
         result.params.setdefault("feed_spin_s", {})[w] = c.spin
         result.figures.append(_steady_figure(c, daemon_name(w), name, sizes, b, n_batches))
@@ -462,6 +486,12 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     # Ratios.
     pairs = [(daemon_name(w), PARSE) for w in workers]
     pairs += [(make(w), make(base)) for make in (daemon_name, busy_name) for w in workers if w != base]
+    pairs += [(parallel_name(w), PARSE) for w in workers if w > 1]
     for num, den in pairs:
         value = result.figure(name, num).records_per_s / result.figure(name, den).records_per_s
         result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", value, *target_of(num, den, name)))
+    rate = lambda n: result.figure(name, n).records_per_s        # noqa: E731
+    for w in workers:
+        if w > 1 and base == 1:
+            value = (rate(daemon_name(w)) / rate(daemon_name(1))) / (rate(parallel_name(w)) / rate(PARSE))
+            result.ratios.append(Ratio(SUITE, name, scaling_name(w), value, *target_of(scaling_name(w), "", name)))
