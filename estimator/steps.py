@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+from jax.extend.core import Literal
 
 import xla_runtime as xr
 from estimator import metrics as metrics_lib
@@ -82,6 +83,11 @@ class ModelSteps:
         self.host_call_fn = None           # host_call's function, seen when the train step is traced
         self.metric_fn = None              # eval_metrics' (metric_fn, tensors) function, likewise
 
+    def _masked_loss(self, variables, features, labels, real):
+        """model_fn's evaluation loss with ``real`` as the example mask (traced only, for :func:`_computed_from`)."""
+        with metrics_lib.example_mask(real):
+            return self._spec(variables, features, labels, ModeKeys.EVAL).loss
+
     def train(self, optimizer: optax.GradientTransformation, labels):
         """The training step of ``{"variables", "opt_state", "step", "rng"}``; outputs the loss, the
         learning rate (``optax.inject_hyperparams``) and ``host_call``'s tensors."""
@@ -103,7 +109,7 @@ class ModelSteps:
 
             (loss, (spec_updates, host_tensors)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
             updates, opt_state = optimizer.update(grads, state["opt_state"], params)
-            import optax            # here, not at import: the user's optimizer has imported it by now
+            import optax  # here, not at import: the user's optimizer has imported it by now
 
             variables = rebuild(optax.apply_updates(params, updates), spec_updates)
             outputs = {"loss": loss}
@@ -128,8 +134,9 @@ class ModelSteps:
             if spec.loss is not None:
                 # per-example losses [B]: the padding rows drop out; a scalar stands for every row of its batch
                 outputs["loss"] = metrics_lib.mean(jnp.broadcast_to(spec.loss, real.shape), weights=real)
-                if jnp.ndim(spec.loss) == 0:
-                    outputs["padded_scalar_loss"] = mask.any()
+                if jnp.ndim(spec.loss) == 0 and not _computed_from(
+                        lambda m: self._masked_loss(variables, features, batch_labels, m), real):
+                    outputs["padded_scalar_loss"] = mask.any()      # a scalar that ignores the mask: warned of
             if isinstance(spec.eval_metrics, tuple):
                 self.metric_fn = spec.eval_metrics[0]        # seen while tracing; called after the loops
                 outputs["host_tensors"] = spec.eval_metrics[1]
@@ -151,3 +158,14 @@ class ModelSteps:
             return variables, jax.lax.with_sharding_constraint({"predictions": spec.predictions, "mask": mask},
                                                                by_example)
         return step
+
+
+def _computed_from(fn: Callable, x) -> bool:
+    """Whether ``fn(x)`` is computed from ``x``: ``x`` flows into its result in ``fn``'s jaxpr (traced once per
+    compilation; nothing runs). Conservative: a call that takes ``x`` counts for all it returns."""
+    jaxpr = jax.make_jaxpr(fn)(x).jaxpr
+    reached = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        if any(not isinstance(v, Literal) and v in reached for v in eqn.invars):
+            reached.update(eqn.outvars)
+    return any(not isinstance(v, Literal) and v in reached for v in jaxpr.outvars)

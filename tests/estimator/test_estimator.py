@@ -297,3 +297,26 @@ def test_variables_split_over_a_model_axis_train_like_replicated_ones(files, tmp
     assert results["replicated"][1] == results["split"][1]
     with pytest.raises(ValueError, match="variable_sharding"):
         est.RunConfig(model_dir=str(tmp_path), variable_sharding={"w1": P("model")})
+
+
+def test_a_scalar_loss_is_warned_of_only_when_it_ignores_the_padding_mask(files, tmp_path, caplog):
+    e = make(tmp_path)
+    e.train(train_input(files), max_steps=10)
+    caplog.set_level(logging.WARNING, logger="estimator")
+    e.evaluate(eval_input(files))           # 257 examples in batches of 64: the last one padded
+    warned = lambda: [r for r in caplog.records if "loss is a scalar" in r.getMessage()]   # noqa: E731
+    assert len(warned()) == 1               # model_fn's loss is a plain mean over the batch, padding included
+
+    def masked(variables, features, labels, mode, params):
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits_of(variables, features["x"]), labels)
+        real = est.metrics.current_mask()
+        loss = losses.mean() if real is None else (losses * real).sum() / jnp.maximum(real.sum(), 1.0)
+        return est.EstimatorSpec(mode, loss=loss)
+
+    caplog.clear()
+    e.model_fn = masked
+    result = e.evaluate(eval_input(files))
+    assert warned() == []
+    ex, ey = files["eval_arrays"]
+    want = optax.softmax_cross_entropy_with_integer_labels(logits_of(e.get_variables(), ex), ey).mean()
+    assert result["loss"] == pytest.approx(float(want), rel=1e-4)
