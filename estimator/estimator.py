@@ -234,7 +234,7 @@ class Estimator:
             loop = None
             step = start
             before = source.state()
-            profile.ring, profile.input_stats = source.ring, source.stats
+            profile.input_stats = source.stats
             loops = iter(source)
             while step < target:
                 profile.before_loop(step)

@@ -124,11 +124,6 @@ class Input:
         return self._daemon.stats().with_consumer_stages(host_to_device=f.transfer_s,
                                                          trainer_wait=f.wait_s - f.first_wait_s)
 
-    @property
-    def ring(self):
-        """The ring of a Dataset input's daemon (``infeed stats`` reads its workers' counters), else None."""
-        return self._daemon.ring if self._daemon is not None else None
-
     def state(self) -> dict | None:
         """Where the input resumes after the batches handed out (a Dataset input only)."""
         return self._feeder.state() if self._daemon is not None else None

@@ -46,10 +46,9 @@ class ProfileWindow:
         self.step = start               # steps done when the last loop's host work ended
         self._began: int | None = None  # the first step of the first traced loop, while tracing
         self._settled = self.steps is None    # traced already, or cannot be
-        #: The input's ring (a Dataset input), named in the log line for ``infeed stats``.
-        self.ring = None
-        #: The input's ``stats()`` (``Input.stats``: None for an iterable): the decoding workers' stages over the
-        #: traced loops are logged when the trace stops, since the trace cannot hold them.
+        #: The input's ``stats()`` (``Input.stats``: None for an iterable): the log line names its ring for
+        #: ``infeed stats``, and the decoding workers' stages over the traced loops are logged when the trace
+        #: stops, since the trace cannot hold them.
         self.input_stats = None
         self._stats_before = None
 
@@ -66,7 +65,7 @@ class ProfileWindow:
                 self._settled = True
                 return
             self._began = step
-            self._stats_before = self.input_stats() if self.input_stats is not None else None
+            self._stats_before = self._input_now()
 
     def after_loop(self, step: int) -> None:
         """Notes that ``step`` steps are done; stops the trace once the last profiled step ran."""
@@ -86,7 +85,8 @@ class ProfileWindow:
 
     def _stop(self, why: str) -> None:
         began, self._began, self._settled = self._began, None, True
-        ring = self._ring()
+        before, self._stats_before = self._stats_before, None
+        stats = self._input_now()
         try:
             jax.profiler.stop_trace()
         except Exception as e:          # noqa: BLE001 -- the trace is a diagnostic: training's result stands
@@ -94,24 +94,25 @@ class ProfileWindow:
             return
         run = _latest_run(self.dir)
         steps = f"the loops of steps {began}..{self.step - 1}" if self.step > began else f"step {began} on"
+        ring = ("" if stats is None else f"; the decoding workers run outside it: `infeed stats {stats.ring}` "
+                f"shows them while the ring lives")
         _log.info("profile of %s%s written to %s: open it with `tensorboard --logdir %s` (pip install "
                   "tensorboard-plugin-profile; the Profile tab), or %s at https://ui.perfetto.dev%s "
                   "(docs/profiling.md)", steps, why, run, self.dir, os.path.join(run, "perfetto_trace.json.gz"), ring)
-        before, self._stats_before = self._stats_before, None
-        if before is not None:
-            try:
-                stats = self.input_stats().since(before)
-            except Exception as e:      # noqa: BLE001 -- a diagnostic: the input may be failing already
-                _log.warning("the input's stages over the profiled loops could not be read: %s", e)
-                return
+        if stats is not None and before is not None:
+            stats = stats.since(before)
             _log.info("the input over the profiled loops (docs/diagnostics.md): %s\n%s", stats.bottleneck(),
                       stats.table())
 
-    def _ring(self) -> str:
-        """Where to see the decoding workers, which the trace does not hold ("" without a ring)."""
-        if self.ring is None or self.ring.closed:
-            return ""
-        return f"; the decoding workers run outside it: `infeed stats {self.ring.name}` shows them while the ring lives"
+    def _input_now(self):
+        """The input's stats now (an ``infeed.InputStats``), or None: an iterable, or an input that fails."""
+        if self.input_stats is None:
+            return None
+        try:
+            return self.input_stats()
+        except Exception as e:          # noqa: BLE001 -- a diagnostic: the input may be failing already
+            _log.warning("the input's stages could not be read: %s", e)
+            return None
 
 
 def _latest_run(logdir: str) -> str:

@@ -18,10 +18,12 @@ import numpy as np
 
 from infeed.example.spec import Padded
 from infeed.ring import _ring
+from infeed.tfrecord._tfrecord import STAGE_TOTALS
 
 __all__ = ["MAGIC", "VERSION", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
-           "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "WORKER_FIELDS", "HEADER_WORDS", "HEADER_STOP", "SegmentPlan",
-           "align", "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan", "header_problem"]
+           "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "WORKER_FIELDS", "READER_FIELDS", "HEADER_WORDS", "HEADER_STOP",
+           "SegmentPlan", "align", "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan",
+           "header_problem"]
 
 MAGIC = b"INFEEDRB"
 #: 3: the creator and the workers hold locks (:mod:`infeed.ring.locks`); liveness no longer reads pids.
@@ -53,9 +55,12 @@ SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i
 #: slot) and ``wait_ns`` (for a free slot); ``read_bytes`` came out of its streams (inflated),
 #: ``compressed_bytes`` went into inflating. Its other time is planning and moving past others' records.
 WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
-                   ("records", "<i8"), ("bytes", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"),
-                   ("crc_ns", "<i8"), ("decode_ns", "<i8"), ("wait_ns", "<i8"), ("read_bytes", "<i8"),
+                   ("records", "<i8"), ("bytes", "<i8"), ("decode_ns", "<i8"), ("wait_ns", "<i8"),
+                   ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"), ("read_bytes", "<i8"),
                    ("compressed_bytes", "<i8")])
+#: The fields a worker's record readers count (``STAGE_TOTALS``, stored as they come), last.
+READER_FIELDS = WORKER.names[-len(STAGE_TOTALS):]
+assert READER_FIELDS == STAGE_TOTALS
 ERROR = np.dtype([("set", "<u4"), ("signal", "<i4"), ("pid", "<i8"), ("len", "<u8"), ("_pad", "<u8"),
                   ("payload", "u1", (ERROR_PAYLOAD,))])
 #: Bytes between two semaphores (each on its own cache line).

@@ -62,21 +62,17 @@ from infeed.errors import AttachError, InfeedError, ShmSpaceError, Timeout, Work
 from infeed.example.spec import Padded
 from infeed.ring import _ring, locks
 from infeed.ring.failures import ProducerFailure, decode_failure, encode_failure
-from infeed.ring.layout import (ERROR, ERROR_PAYLOAD, HEADER, HEADER_SIZE, HEADER_STOP, HEADER_WORDS, MAGIC, READY,
-                                SEM_STRIDE, SLOT, SLOT_WORDS, VERSION, WORKER, WORKER_FIELDS, WORKER_WORDS,
-                                header_problem,
-                                layout_from_json, layout_json, layout_of, segment_plan, slot_plan)
+from infeed.ring.layout import (ERROR, ERROR_PAYLOAD, HEADER, HEADER_SIZE, HEADER_STOP, HEADER_WORDS, MAGIC,
+                                READER_FIELDS, READY, SEM_STRIDE, SLOT, SLOT_WORDS, VERSION, WORKER, WORKER_FIELDS,
+                                WORKER_WORDS, header_problem, layout_from_json, layout_json, layout_of, segment_plan,
+                                slot_plan)
 from infeed.ring.segments import SHM_DIR, create_private, free_bytes, install_sigterm_cleanup, unlink_owned
 from infeed.ring.slots import FILLED, FREE, READING, STATE_NAMES, WRITING, SlotInfo
 
 __all__ = ["Ring"]
 
-_BEAT, _BATCHES, _RECORDS, _BYTES, _DECODE, _WAIT, _READ = (
-    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "decode_ns", "wait_ns", "read_ns"))
-# The readers' totals (see Ring.count_work) lie at read_ns, inflate_ns, crc_ns, then past _GAP other fields.
-_GAP = WORKER_FIELDS["read_bytes"] - WORKER_FIELDS["crc_ns"] - 1
-assert [WORKER_FIELDS[f] - _READ for f in ("inflate_ns", "crc_ns", "read_bytes", "compressed_bytes")] == [
-    1, 2, 3 + _GAP, 4 + _GAP]
+_BEAT, _BATCHES, _RECORDS, _BYTES, _DECODE, _WAIT, _READERS = (
+    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "decode_ns", "wait_ns", READER_FIELDS[0]))
 
 #: How often a waiter wakes to check its peer is alive (it wakes at once on a post).
 CHECK_INTERVAL = 0.1
@@ -469,8 +465,8 @@ class Ring:
         q[w + _DECODE] += decode_ns
         q[w + _WAIT] += wait_ns
         if readers is not None:
-            w += _READ
-            q[w], q[w + 1], q[w + 2], q[w + 3 + _GAP], q[w + 4 + _GAP] = readers
+            w += _READERS
+            q[w], q[w + 1], q[w + 2], q[w + 3], q[w + 4] = readers
 
     def count_taken(self, seq: int, cursor: tuple[int, int], waited_ns: int, first: bool = False) -> None:
         """The consumer took batch ``seq`` (``cursor``: where the input resumes after it)
