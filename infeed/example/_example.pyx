@@ -54,6 +54,7 @@ DEF OUT_U8 = 3
 DEF LAYOUT_FIXED = 0
 DEF LAYOUT_VARLEN = 1
 DEF LAYOUT_BYTES = 2
+DEF LAYOUT_SPAN = 3        # one bytes value, left where it lies: (offset in the record, length) as 2 int64
 
 # Errors.
 DEF OK = 0
@@ -491,7 +492,12 @@ cdef inline bint take_field(Cursor *c, uint8_t tag, Cursor *sub) noexcept nogil:
     return read_len(c, sub, &ignored) == 0
 
 
-cdef bint fast_row(Plan *pl, Cursor entry, char *dst, Py_ssize_t row) noexcept nogil:
+cdef inline void put_span(char *dst, const uint8_t *rec, Cursor value) noexcept nogil:
+    (<int64_t *>dst)[0] = value.p - rec
+    (<int64_t *>dst)[1] = value.end - value.p
+
+
+cdef bint fast_row(Plan *pl, Cursor entry, char *dst, Py_ssize_t row, const uint8_t *rec) noexcept nogil:
     """Decodes a feature written the way TensorFlow writes it, in one pass.
 
     Canonical form: ``key [1] | value [2] { list [kind] { value [1] packed } }``,
@@ -520,6 +526,11 @@ cdef bint fast_row(Plan *pl, Cursor entry, char *dst, Py_ssize_t row) noexcept n
     elif not take_field(&lst, 0x0A, &payload) or lst.p != lst.end:
         return False
     kind = pl.kind
+    if pl.layout == LAYOUT_SPAN:
+        if empty:
+            return False
+        put_span(dst, rec, payload)
+        return True
     if pl.layout == LAYOUT_BYTES:
         n = payload.end - payload.p
         if empty or n > pl.count:                      # no value at all, or too long: general path
@@ -606,7 +617,7 @@ cdef int decode_row(const uint8_t *rec, Py_ssize_t n, Plan *plan, int nfeat, con
             err.code = E_MISSING
             err.offset = -1
             return -1
-        if fast_row(pl, found[i], dst, row):
+        if fast_row(pl, found[i], dst, row, rec):
             continue
         err.offset = found[i].p - rec
         if scan_kind(found[i], &kind, &run_start, err) < 0:
@@ -630,7 +641,7 @@ cdef int decode_row(const uint8_t *rec, Py_ssize_t n, Plan *plan, int nfeat, con
                 err.found_kind = kind
                 return -1
             kind = KIND_NONE
-        if pl.layout == LAYOUT_BYTES:
+        if pl.layout == LAYOUT_BYTES or pl.layout == LAYOUT_SPAN:
             count = 0
             if kind != KIND_NONE and each_bytes(found[i], run_start, &first, &count, err) < 0:
                 err.code = E_MALFORMED
@@ -640,6 +651,9 @@ cdef int decode_row(const uint8_t *rec, Py_ssize_t n, Plan *plan, int nfeat, con
                 err.expected = 1
                 err.found = count
                 return -1
+            if pl.layout == LAYOUT_SPAN:
+                put_span(dst, rec, first)
+                continue
             stored = first.end - first.p
             if stored > pl.count:
                 if not pl.truncate:
@@ -686,7 +700,7 @@ cdef int decode_row(const uint8_t *rec, Py_ssize_t n, Plan *plan, int nfeat, con
 
 
 cdef dict _OUT_TYPES = {"float32": OUT_F32, "int64": OUT_I64, "int32": OUT_I32, "uint8": OUT_U8}
-cdef dict _LAYOUTS = {"fixed": LAYOUT_FIXED, "varlen": LAYOUT_VARLEN, "bytes": LAYOUT_BYTES}
+cdef dict _LAYOUTS = {"fixed": LAYOUT_FIXED, "varlen": LAYOUT_VARLEN, "bytes": LAYOUT_BYTES, "span": LAYOUT_SPAN}
 cdef dict _KINDS = {"bytes": KIND_BYTES, "float": KIND_FLOAT, "int64": KIND_INT64}
 
 
@@ -696,7 +710,9 @@ cdef class CompiledSpec:
     ``features`` is a list of ``(name, kind, layout, dtype, count, truncate,
     fill, fill_len)``: ``fill`` is one row of bytes (the FixedLen default, the
     VarLen pad row, the Bytes default) or None, ``fill_len`` the length of a
-    Bytes default (-1: none).  ``decode_into`` fills preallocated arrays, row by
+    Bytes default (-1: none). A ``"span"`` layout (bytes kind, int64, count 2)
+    stores where a feature's one bytes value lies in its record, ``(offset,
+    length)``, for a later stage (images) to read it there.  ``decode_into`` fills preallocated arrays, row by
     row, without the GIL.
     """
 
@@ -861,7 +877,7 @@ cdef class CompiledSpec:
             if cnp.PyArray_NBYTES(arr) != rows * self._row_bytes(i):
                 raise ValueError(f"output for {self.names[i]!r} has the wrong row size")
             self.plan[i].values = <char *>cnp.PyArray_DATA(arr)
-            if self.plan[i].layout != LAYOUT_FIXED:
+            if self.plan[i].layout == LAYOUT_VARLEN or self.plan[i].layout == LAYOUT_BYTES:
                 arr = lengths[i]
                 if arr.dtype != np.int32 or not cnp.PyArray_IS_C_CONTIGUOUS(arr) or arr.shape[0] < row0 + nrec:
                     raise ValueError(f"lengths for {self.names[i]!r} must be int32 with a row per record")
