@@ -42,4 +42,4 @@ asan: $(STAMP)
 	PY=$(BIN)/python ASAN_SECONDS=$${ASAN_SECONDS:-60} tests/fuzz/run_asan.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info infeed/*/*.so infeed/tfrecord/_tfrecord.c infeed/example/_example.c infeed/ring/_ring.c
+	rm -rf $(VENV) build *.egg-info infeed/*/*.so infeed/tfrecord/_tfrecord.c infeed/example/_example.c infeed/example/_image.c infeed/ring/_ring.c

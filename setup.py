@@ -12,6 +12,9 @@ extensions = [
     Extension("infeed.example._example", ["infeed/example/_example.pyx"],
               include_dirs=[numpy.get_include()], extra_compile_args=COMPILE_ARGS,
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]),
+    Extension("infeed.example._image", ["infeed/example/_image.pyx"],
+              include_dirs=[numpy.get_include()], extra_compile_args=COMPILE_ARGS,
+              define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]),
     Extension("infeed.ring._ring", ["infeed/ring/_ring.pyx"], extra_compile_args=COMPILE_ARGS),
 ]
 
@@ -35,16 +38,19 @@ setup(
         "orbax-checkpoint==0.12.8",
         "tqdm>=4.66,<5",
         "flatbuffers>=24.3,<26",        # jax.export serialisation (estimator.export)
+        "simplejpeg>=1.9,<1.10",        # infeed.Image's JPEG decoder (libjpeg-turbo in its wheel)
     ],
     extras_require={
         # protobuf only cross-checks the tests' reference decoder; infeed never imports it.
         # tensorboard reads back the event files in tests; scikit-learn ships the digits of `make demo`.
-        "dev": ["pytest>=8,<10", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7", "protobuf>=5,<8",
+        "dev": ["pillow>=11,<14", "pytest>=8,<10", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7", "protobuf>=5,<8",
                 "tensorboard==2.21.0", "scikit-learn==1.9.1", "matplotlib>=3.8,<4", "keras>=3.5,<4"],
         # The report's plots, and Keras as a peer of the train suite (on the JAX backend).
         "bench": ["matplotlib>=3.8,<4", "keras>=3.5,<4"],
         "tf": ["tensorflow-cpu==2.21.0"],
         "fuzz": ["atheris>=2.3,<4"],
+        # PNG images (infeed.Image decodes JPEG itself; Pillow is imported on the first PNG).
+        "png": ["pillow>=11,<14"],
     },
     entry_points={"console_scripts": ["infeed=infeed.commands.cli:main"]},
 )

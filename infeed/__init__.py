@@ -9,7 +9,7 @@ from infeed import _native  # noqa: F401  (first: an unbuilt checkout fails sayi
 from infeed.daemon import Batch, Daemon, Dataset, Feed, InputStats, attach
 from infeed.errors import (AttachError, CorruptRecordError, DecodeError, IndexFileError, InfeedError, ShmSpaceError,
                            Timeout, WorkerDied)
-from infeed.example import (Bytes, ExampleParser, FixedLen, Padded, VarLen, decode_example, encode_example,
+from infeed.example import (Bytes, ExampleParser, FixedLen, Image, Padded, VarLen, decode_example, encode_example,
                             parse_examples)
 from infeed.ring import Ring
 from infeed.tfrecord import TFRecordWriter, read_records
@@ -25,6 +25,7 @@ __all__ = [
     "ExampleParser",
     "Feed",
     "FixedLen",
+    "Image",
     "IndexFileError",
     "InfeedError",
     "InputStats",

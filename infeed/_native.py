@@ -3,7 +3,7 @@ with the command that builds them."""
 
 try:
     from infeed.tfrecord import _tfrecord  # noqa: F401
-    from infeed.example import _example  # noqa: F401
+    from infeed.example import _example, _image  # noqa: F401
     from infeed.ring import _ring  # noqa: F401
 except ImportError as e:  # pragma: no cover - exercised by tests/infeed/test_native.py in a subprocess
     raise ImportError(

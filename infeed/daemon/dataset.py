@@ -83,8 +83,11 @@ class Dataset:
                  compression: str | None = "auto", skip_corrupt: bool = False,
                  labels: str | Sequence[str] | None = None, max_record_size: int = MAX_RECORD_SIZE):
         self.paths = tuple(files) if isinstance(files, _Matched) else tuple(expand_files(files))
+        self._file_numbers = {path: i for i, path in enumerate(self.paths)}
         self.features = dict(features)
-        self.parser = ExampleParser(self.features)          # checks the spec
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        self.parser = ExampleParser(self.features, seed=seed, skip_corrupt=skip_corrupt)    # checks the spec
         if PADDING_KEY in self.features and final_batch == "pad":
             raise ValueError(f"a feature named {PADDING_KEY!r} clashes with the padding mask of final_batch='pad'")
         self.batch_size = _positive("batch_size", batch_size)
@@ -93,8 +96,6 @@ class Dataset:
         if shuffle not in _SHUFFLE:
             raise ValueError(f"shuffle must be one of {_SHUFFLE}, got {shuffle!r}")
         self.shuffle = shuffle
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         self.seed = seed
         self.num_epochs = None if num_epochs is None else _positive("num_epochs", num_epochs)
         if final_batch not in _FINAL_BATCH:
@@ -121,6 +122,11 @@ class Dataset:
     def shards_by_file(self) -> bool:
         """Whether hosts split the files (True) or the records of every file (False)."""
         return len(self.paths) >= self.num_shards
+
+    def file_number(self, path: str) -> int:
+        """``path``'s position in :attr:`paths` (all hosts' files, before any shuffle): a record's name
+        ``(epoch, file, record)`` uses it."""
+        return self._file_numbers[path]
 
     def shard_paths(self) -> tuple[str, ...]:
         """This host's files, before the per-epoch shuffle."""

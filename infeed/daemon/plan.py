@@ -89,11 +89,17 @@ class PlannedBatch(NamedTuple):
     where: Callable[[int], tuple]
 
 
-def _parse_records(records: list) -> Callable:
+def _parse_records(records: list, ids: Callable[[], list] | None = None) -> Callable:
+    """``fill`` of records in hand; ``ids()`` gives their ``(epoch, file, record)`` when the parser draws per record."""
     def fill(parser, out) -> tuple[int, int]:
-        parser.parse(records, out=out)
+        parser.parse(records, out=out, ids=ids() if ids is not None and parser.uses_record_ids else None)
         return len(records), sum(map(len, records))
     return fill
+
+
+def _record_ids(ds, epoch: int, origins) -> Callable[[], list]:
+    """``ids()``: the ``(epoch, file, record)`` of records from ``origins`` ((path, record, offset) each)."""
+    return lambda: [(epoch, ds.file_number(path), record) for path, record, _ in origins]
 
 
 class EpochRecords:
@@ -101,6 +107,7 @@ class EpochRecords:
 
     def __init__(self, ds, epoch: int):
         self._ds = ds
+        self._epoch = epoch
         self._paths = epoch_paths(ds, epoch)
         self._file = -1
         self._reader = None
@@ -167,15 +174,16 @@ class EpochRecords:
         returns (records, bytes) and appends the runs of records it read to ``runs``."""
         if self._stride != 1:
             records = self.take(n, runs)
-            return _parse_records(records)(parser, out)
+            return _parse_records(records, _record_ids(self._ds, self._epoch, _runs_origins(runs)))(parser, out)
         done = nbytes = 0
         while done < n:
             reader = self._current()
             if reader is None:
                 break
             before = reader.records_read
+            origin = (self._epoch, self._ds.file_number(self._paths[self._file]))
             try:
-                got, size = parser.read_into(reader, n - done, out, start=done, index_base=done)
+                got, size = parser.read_into(reader, n - done, out, start=done, index_base=done, origin=origin)
             finally:        # a DecodeError names its record by position: where() needs this run
                 if reader.records_read > before:
                     runs.append((self._paths[self._file], before, reader.records_read - before))
@@ -203,6 +211,11 @@ class EpochRecords:
 
 def _origins_of(origins: list) -> Callable[[int], tuple]:
     return origins.__getitem__
+
+
+def _runs_origins(runs: list) -> list:
+    """``(path, record, None)`` of every record of runs of consecutive records ``(path, first index, count)``."""
+    return [(path, first + i, None) for path, first, count in runs for i in range(count)]
 
 
 def _runs_of(runs: list) -> Callable[[int], tuple]:
@@ -249,10 +262,10 @@ def exists(ds, count: int) -> bool:
     return count > 0 and (count == ds.batch_size or ds.final_batch == "pad")
 
 
-def _finish(ds, index: int, records, count: int, where) -> PlannedBatch | None:
+def _finish(ds, index: int, records, count: int, where, ids) -> PlannedBatch | None:
     if not exists(ds, count):
         return None
-    return PlannedBatch(index, count, None if records is None else _parse_records(records), where)
+    return PlannedBatch(index, count, None if records is None else _parse_records(records, ids), where)
 
 
 def _in_order(ds, source: EpochRecords, first: int, owned) -> Iterator[PlannedBatch]:
@@ -284,8 +297,7 @@ def _through_buffer(source: EpochRecords, buffer: ShuffleBuffer, chunk: int = 25
     while True:
         runs: list = []
         records = source.take(chunk, runs)
-        origins = [(path, start + i, None) for path, start, count in runs for i in range(count)]
-        for item in zip(records, origins):
+        for item in zip(records, _runs_origins(runs)):
             out = buffer.push(item)
             if out is not None:
                 yield out
@@ -301,8 +313,9 @@ def _buffered(ds, epoch: int, source: EpochRecords, first: int, owned) -> Iterat
     def batch(items):
         nonlocal index
         keep = index >= first and owned(index)
+        origins = [o for _, o in items]
         planned = _finish(ds, index, [r for r, _ in items] if keep else None, len(items),
-                          _origins_of([o for _, o in items]) if keep else _no_origins)
+                          _origins_of(origins) if keep else _no_origins, _record_ids(ds, epoch, origins))
         index += planned is not None
         return planned if planned is not None and planned.index >= first else None
 
@@ -384,7 +397,8 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[Plann
                 offset, length = int(ix.offsets[k]), int(ix.lengths[k])
                 records.append(files.read(paths[f], offset, length, k))
                 origins.append((paths[f], k, offset))
-            yield PlannedBatch(index, len(chunk), _parse_records(records), _origins_of(origins))
+            yield PlannedBatch(index, len(chunk), _parse_records(records, _record_ids(ds, epoch, origins)),
+                               _origins_of(origins))
     finally:
         files.close()
     return batches

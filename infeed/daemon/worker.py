@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import sys
@@ -33,6 +34,8 @@ from infeed.tfrecord._tfrecord import stage_totals
 
 __all__ = ["Producer", "main"]
 
+
+_log = logging.getLogger("infeed")
 
 #: mallopt(3) parameters.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -100,6 +103,11 @@ class Producer:
             if offset is None:
                 offset = record_offset(self.ds, path, index)
             raise DecodeError(e.feature, index, e.expected, e.found, path, offset) from None
+        for error in self.parser.last_skipped:
+            path, index, _ = planned.where(error.record_index)
+            _log.warning("%s: record %d: feature %r: expected %s, found %s; skipped (skip_corrupt): the batch "
+                         "repeats a neighbouring record in its place", path, index, error.feature, error.expected,
+                         error.found)
         if n < self.ds.batch_size:
             for arr in views.values():
                 for part in (arr if isinstance(arr, Padded) else (arr,)):

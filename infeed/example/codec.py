@@ -8,8 +8,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from infeed.errors import DecodeError
 from infeed.example import _example
-from infeed.example.spec import NUMERIC_DTYPES, Bytes, FixedLen, Padded, VarLen
+from infeed.example.image import BadImage, Image, ImageDecoder
+from infeed.example.randomness import STREAM_IMAGE
+from infeed.example.spec import NUMERIC_DTYPES, Bytes, FixedLen, Padded, VarLen, numpy_dtype
 
 __all__ = ["ExampleParser", "parse_examples", "decode_example", "encode_example"]
 
@@ -35,15 +38,35 @@ class ExampleParser:
     ``parse(records, out=...)`` decodes into arrays you own, such as a ring
     buffer slot made by :meth:`allocate`; rows ``start..start+len(records)``
     are written and nothing else.
+
+    :class:`infeed.Image` features are decoded after the rest of each record,
+    from where their bytes lie in it. ``seed`` keys their random crops and
+    flips (with each record's ``(epoch, file, record)``). With
+    ``skip_corrupt``, a record whose image cannot be decoded is replaced by
+    the nearest good record of the same batch (every feature of it), counted in
+    :attr:`skipped_images` and listed in :attr:`last_skipped`, instead of
+    raising: batches keep their size, and every worker's plan of the batches
+    stays the same (a dataset's workers log each one, naming its file).
     """
 
-    def __init__(self, spec: Mapping[str, FixedLen | VarLen | Bytes]):
+    def __init__(self, spec: Mapping[str, FixedLen | VarLen | Bytes | Image], seed: int = 0,
+                 skip_corrupt: bool = False):
         if not isinstance(spec, Mapping) or not spec:
-            raise ValueError(f"spec must be a non-empty dict of name -> FixedLen/VarLen/Bytes, got {spec!r:.200}")
+            raise ValueError(f"spec must be a non-empty dict of name -> FixedLen/VarLen/Bytes/Image, "
+                             f"got {spec!r:.200}")
         features = []
+        self._columns: list = []           # per compiled feature: the output's name, or None for an image's span
+        self._images: list = []            # (name, decoder, the compiled position of its span)
+        keys: dict = {}                    # Example key -> what reads it
+        spans: dict = {}                   # Example key -> compiled position of its span
         for name, f in spec.items():
             if not isinstance(name, str):
                 raise ValueError(f"feature names must be str, got {name!r}")
+            key = f.key if isinstance(f, Image) else name
+            if key in keys and not (isinstance(f, Image) and key in spans):
+                raise ValueError(f"the Example feature {key!r} is read by both {keys[key]!r} and {name!r}; "
+                                 f"only Image features may share one")
+            keys.setdefault(key, name)
             if isinstance(f, FixedLen):
                 fill = f.default.tobytes() if f.default is not None else None
                 features.append((name, NUMERIC_DTYPES[f.dtype], "fixed", f.dtype, f.count, False, fill, -1))
@@ -55,11 +78,31 @@ class ExampleParser:
                 fill = None if f.default is None else f.default.ljust(f.max_bytes, b"\0")
                 features.append((name, "bytes", "bytes", "uint8", f.max_bytes, f.truncate, fill,
                                  -1 if f.default is None else len(f.default)))
+            elif isinstance(f, Image):
+                if key not in spans:
+                    spans[key] = len(features)
+                    features.append((key, "bytes", "span", "int64", 2, False, None, -1))
+                    self._columns.append(None)
+                decoder = ImageDecoder(f, seed, STREAM_IMAGE + len(self._images))
+                self._images.append((name, decoder, spans[key]))
+                continue
             else:
-                raise ValueError(f"spec[{name!r}] must be FixedLen, VarLen or Bytes, got {f!r}")
+                raise ValueError(f"spec[{name!r}] must be FixedLen, VarLen, Bytes or Image, got {f!r}")
+            self._columns.append(name)
         self.spec = dict(spec)
+        self.skip_corrupt = bool(skip_corrupt)
+        #: Records replaced because their image could not be decoded (``skip_corrupt``), since the parser was made.
+        self.skipped_images = 0
+        #: The DecodeErrors of the records replaced by the last parse call (``skip_corrupt``).
+        self.last_skipped: list = []
         self._compiled = _example.CompiledSpec(features)
+        self._spans = np.zeros((0, 2), np.int64)
         self._checked: dict = {}
+
+    @property
+    def uses_record_ids(self) -> bool:
+        """Whether decoding draws random numbers per record: then ``ids`` name the records (see :meth:`parse`)."""
+        return any(decoder.spec.random for _, decoder, _ in self._images)
 
     def allocate(self, batch_size: int) -> dict:
         """Zeroed output arrays for ``batch_size`` records, laid out as ``parse`` returns them."""
@@ -71,15 +114,20 @@ class ExampleParser:
                 out[name] = np.zeros((batch_size, *f.shape), f.dtype)
             elif isinstance(f, VarLen):
                 out[name] = Padded(np.zeros((batch_size, f.max_len), f.dtype), np.zeros(batch_size, np.int32))
+            elif isinstance(f, Image):
+                out[name] = np.zeros((batch_size, *f.shape), numpy_dtype(f.dtype))
             else:
                 out[name] = Padded(np.zeros((batch_size, f.max_bytes), np.uint8), np.zeros(batch_size, np.int32))
         return out
 
-    def parse(self, records: Sequence, out: dict | None = None, start: int = 0, index_base: int = 0) -> dict:
+    def parse(self, records: Sequence, out: dict | None = None, start: int = 0, index_base: int = 0,
+              ids: Sequence | None = None) -> dict:
         """Decodes serialized Examples into ``out`` (allocated when None) from row ``start``.
 
         Raises :class:`infeed.DecodeError` naming the feature and the record's
-        index (``index_base`` + its position in ``records``).
+        index (``index_base`` + its position in ``records``). ``ids``: each
+        record's ``(epoch, file, record)``, which keys its random image crop and
+        flip (default ``(0, 0, index_base + position)``).
         """
         if not isinstance(records, Iterable) or isinstance(records, (str, bytes, bytearray, memoryview)):
             raise TypeError(f"records must be a sequence of serialized Examples, got {records!r:.80}")
@@ -87,26 +135,80 @@ class ExampleParser:
             if start:
                 raise ValueError("start needs out")
             out = self.allocate(len(records))
+        if self._images:
+            records = list(records)
+            if len(self._spans) < start + len(records):
+                self._spans = np.zeros((start + len(records), 2), np.int64)
         values, lengths = self._outputs(out)
         self._compiled.decode_into(records, values, lengths, start, index_base)
+        if self._images:
+            self._decode_images(records, out, start, index_base, ids)
         return out
 
-    def read_into(self, reader, n: int, out: dict, start: int = 0, index_base: int = 0) -> tuple[int, int]:
+    def read_into(self, reader, n: int, out: dict, start: int = 0, index_base: int = 0,
+                  origin: tuple | None = None) -> tuple[int, int]:
         """Reads up to ``n`` records from ``reader`` (a :func:`infeed.read_records` reader) and
         decodes each where it lies in the reader's buffer into rows ``start...`` of ``out``: the
-        same values as ``parse(reader.read_batch(n), out)``, without a bytes object per record.
+        same values as ``parse(reader.read_batch(n), out)``, without a bytes object per record
+        (with images, with one). ``origin``: ``(epoch, file)`` of the reader's file, for the
+        records' ``ids`` (their numbers come from the reader).
 
         Returns ``(records decoded, their bytes)``, fewer records only at the end of the stream.
         """
+        if self._images:
+            records = reader.read_batch(n)
+            epoch, file = origin if origin is not None else (0, 0)
+            first = reader.records_read - len(records)
+            ids = [(epoch, file, first + i) for i in range(len(records))]
+            self.parse(records, out, start, index_base, ids)
+            return len(records), sum(map(len, records))
         values, lengths = self._outputs(out)
         return self._compiled.decode_from(reader, n, values, lengths, start, index_base)
+
+    def _decode_images(self, records: list, out: dict, start: int, index_base: int, ids) -> None:
+        """Decodes every image feature of ``records`` (rows ``start...`` of ``out``) from their spans."""
+        bad: dict = {}                             # position -> DecodeError
+        for name, decoder, column in self._images:
+            rows = out[name]
+            for i, record in enumerate(records):
+                if i in bad:
+                    continue
+                offset, length = self._spans[start + i]
+                try:
+                    decoder.decode(memoryview(record)[offset:offset + length], rows[start + i],
+                                   ids[i] if ids is not None else (0, 0, index_base + i))
+                except BadImage as e:
+                    error = DecodeError(decoder.spec.key, index_base + i, "a JPEG or PNG image", e.found,
+                                        offset=int(offset))
+                    if not self.skip_corrupt:
+                        raise error from None
+                    bad[i] = error
+        self.last_skipped = list(bad.values())
+        if bad:
+            self._replace_rows(out, start, len(records), bad)
+
+    def _replace_rows(self, out: dict, start: int, n: int, bad: dict) -> None:
+        """Copies every feature of the nearest good record over each of the ``bad`` ones."""
+        good = [i for i in range(n) if i not in bad]
+        if not good:                               # nothing to repeat
+            raise next(iter(bad.values()))
+        for i, error in bad.items():
+            source = min(good, key=lambda g: (abs(g - i), g))
+            for arr in out.values():
+                for part in (arr if isinstance(arr, Padded) else (arr,)):
+                    part[start + i] = part[start + source]
+        self.skipped_images += len(bad)
 
     def _outputs(self, out: dict) -> tuple[list, list]:
         """The value and length arrays of ``out`` in spec order, checked (once per set of arrays)."""
         if not isinstance(out, Mapping):
             raise TypeError(f"out must be a dict of arrays as allocate() makes, got {out!r:.80}")
         values, lengths = [], []
-        for name in self.spec:
+        for name in self._columns:
+            if name is None:                       # an image's span: where its bytes lie, for _decode_images
+                values.append(self._spans)
+                lengths.append(None)
+                continue
             try:
                 arr = out[name]
             except KeyError:
@@ -117,12 +219,20 @@ class ExampleParser:
             else:
                 values.append(arr)
                 lengths.append(None)
-        arrays = values + lengths
+        images = []
+        for name, _, _ in self._images:
+            if name not in out:
+                raise ValueError(f"out has no array for feature {name!r}")
+            images.append(out[name])
+        arrays = values + lengths + images
         key = tuple(map(id, arrays))
         refs = self._checked.get(key)
         if refs is None or any(r() is not a for r, a in zip(refs, arrays)):
-            for name, v, n in zip(self.spec, values, lengths):
-                self._check_out(name, v, n)
+            for name, v, n in zip(self._columns, values, lengths):
+                if name is not None:
+                    self._check_out(name, v, n)
+            for (name, _, _), image in zip(self._images, images):
+                self._check_out(name, image, None)
             # Reused outputs (the slots of a ring) are checked once; weak references never keep them alive.
             if len(self._checked) >= _CHECKED_OUTPUTS:
                 self._checked.clear()
@@ -131,13 +241,13 @@ class ExampleParser:
 
     def _check_out(self, name, values, lengths):
         f = self.spec[name]
-        if isinstance(f, FixedLen):
+        if isinstance(f, (FixedLen, Image)):
             want, dtype, padded = f.shape, f.dtype, False
         elif isinstance(f, VarLen):
             want, dtype, padded = (f.max_len,), f.dtype, True
         else:
             want, dtype, padded = (f.max_bytes,), "uint8", True
-        if not isinstance(values, np.ndarray) or values.shape[1:] != want or values.dtype != dtype:
+        if not isinstance(values, np.ndarray) or values.shape[1:] != want or values.dtype != numpy_dtype(dtype):
             got = (getattr(values, "shape", None), getattr(values, "dtype", type(values).__name__))
             raise ValueError(f"out[{name!r}] must be a {dtype} array of shape [B, {', '.join(map(str, want))}], "
                              f"got shape {got[0]} dtype {got[1]}")

@@ -1,11 +1,13 @@
 """Feature specs: what each feature of a tf.train.Example decodes to, with static shapes.
 
->>> spec = {"image": FixedLen((784,), "float32"), "label": FixedLen((), "int64"),
-...         "tokens": VarLen("int32", max_len=16), "id": Bytes(max_bytes=32)}
+>>> spec = {"pixels": FixedLen((784,), "float32"), "label": FixedLen((), "int64"),
+...         "tokens": VarLen("int32", max_len=16), "id": Bytes(max_bytes=32),
+...         "image": Image(size=(224, 224), resize="random_resized_crop", flip=True)}
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -13,10 +15,25 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["FixedLen", "VarLen", "Bytes", "Padded", "Feature", "NUMERIC_DTYPES", "spec_to_json", "spec_from_json"]
+__all__ = ["FixedLen", "VarLen", "Bytes", "Image", "Padded", "Feature", "RESIZE_MODES", "IMAGE_DTYPES",
+           "NUMERIC_DTYPES", "numpy_dtype", "spec_to_json", "spec_from_json"]
+
+#: How an Image may be resized, and the dtypes it may be decoded to.
+RESIZE_MODES = ("center_crop", "random_resized_crop", "pad", None)
+IMAGE_DTYPES = ("uint8", "uint16", "float32", "float16", "bfloat16")
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
 #: Numeric dtypes a spec may ask for, and the Example kind each is read from.
 NUMERIC_DTYPES = {"float32": "float", "int64": "int64", "int32": "int64"}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a spec's dtype name (``bfloat16`` through ml_dtypes, which numpy does not know by name)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def _check_dtype(owner: str, dtype) -> str:
@@ -135,7 +152,118 @@ class Bytes:
         object.__setattr__(self, "truncate", bool(self.truncate))
 
 
-Feature = FixedLen | VarLen | Bytes
+def _pair(owner: str, field: str, value, *, positive: bool) -> tuple:
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}.{field} must be a (low, high) pair of numbers, got {value!r:.80}") from None
+    if not (math.isfinite(low) and math.isfinite(high) and (low > 0 if positive else low >= 0) and low <= high):
+        raise ValueError(f"{owner}.{field} must be a finite (low, high) pair with 0 < low <= high, got {value!r}")
+    return low, high
+
+
+def _per_channel(field: str, value, channels: int) -> tuple | None:
+    if value is None:
+        return None
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim > 1 or (arr.ndim == 1 and arr.size not in (1, channels)) or not np.all(np.isfinite(arr)):
+        raise ValueError(f"Image.{field} must be a finite number or one per channel ({channels}), got {value!r:.80}")
+    return tuple(np.broadcast_to(arr, (channels,)).tolist())
+
+
+@dataclass(frozen=True)
+class Image:
+    """An encoded image (JPEG or PNG bytes) decoded to ``[H, W, channels]`` of ``dtype``.
+
+    size: the output ``(height, width)``.
+    channels: 1 (grayscale), 3 (RGB; a PNG's alpha is dropped) or 4 (RGBA; opaque where the image has no alpha).
+    dtype: ``uint8``, ``uint16``, ``float32``, ``float16`` or ``bfloat16``. Floats are on the 0-255 scale
+        (a 16-bit PNG's values divided by 257), then ``(value - mean) / std`` when those are given.
+    resize: ``"center_crop"``: the central ``central_fraction`` of the largest window of the output's aspect
+        ratio, resized (ResNet's evaluation crop); ``"random_resized_crop"``: a window of ``area`` of the image's
+        area and ``aspect`` (width / height) drawn per record (10 attempts, then the central window of the
+        closest aspect), resized; ``"pad"``: the whole image resized to fit, centred, zeros around it;
+        ``None``: no resize, an image of another size is a DecodeError.
+    flip: mirror left to right with probability 1/2, drawn per record.
+    antialias: resample with a filter as wide as the shrink factor (as ``tf.image.resize(antialias=True)``);
+        the default is bilinear (2 taps per axis, as ``tf.image.resize``'s default).
+    fast_dct: libjpeg-turbo's fast integer IDCT (TensorFlow's default ``INTEGER_FAST``), else the accurate one.
+    max_pixels: an image declaring more pixels is refused before anything is allocated for it.
+    key: the Example's feature holding the encoded bytes (one value per record).
+    """
+
+    size: tuple = (224, 224)
+    channels: int = 3
+    dtype: str = "uint8"
+    resize: str | None = "center_crop"
+    flip: bool = False
+    area: tuple = (0.08, 1.0)
+    aspect: tuple = (3 / 4, 4 / 3)
+    central_fraction: float = 0.875
+    mean: Any = None
+    std: Any = None
+    antialias: bool = False
+    fast_dct: bool = True
+    max_pixels: int = 1 << 26
+    key: str = "image/encoded"
+
+    def __post_init__(self):
+        try:
+            height, width = self.size
+        except (TypeError, ValueError):
+            height = width = None
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in (height, width)):
+            raise ValueError(f"Image.size must be a (height, width) pair of positive ints, got {self.size!r:.80}")
+        object.__setattr__(self, "size", (int(height), int(width)))
+        if self.channels not in (1, 3, 4) or isinstance(self.channels, bool):
+            raise ValueError(f"Image.channels must be 1, 3 or 4, got {self.channels!r}")
+        try:
+            dtype = np.dtype(self.dtype).name
+        except TypeError:
+            dtype = str(self.dtype)
+        if dtype not in IMAGE_DTYPES:
+            raise ValueError(f"Image.dtype must be one of {list(IMAGE_DTYPES)}, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", dtype)
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"Image.resize must be one of {list(RESIZE_MODES)}, got {self.resize!r}")
+        object.__setattr__(self, "area", _pair("Image", "area", self.area, positive=True))
+        if self.area[1] > 1:
+            raise ValueError(f"Image.area must lie within (0, 1], got {self.area}")
+        object.__setattr__(self, "aspect", _pair("Image", "aspect", self.aspect, positive=True))
+        fraction = self.central_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise ValueError(f"Image.central_fraction must be a number in (0, 1], got {fraction!r}")
+        object.__setattr__(self, "central_fraction", float(fraction))
+        mean = _per_channel("mean", self.mean, self.channels)
+        std = _per_channel("std", self.std, self.channels)
+        if (mean is not None or std is not None) and dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"Image.mean and std need a float dtype ({', '.join(_FLOAT_DTYPES)}), not {dtype}")
+        if std is not None and 0.0 in std:
+            raise ValueError(f"Image.std must not be 0, got {self.std!r}")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+        object.__setattr__(self, "flip", bool(self.flip))
+        object.__setattr__(self, "antialias", bool(self.antialias))
+        object.__setattr__(self, "fast_dct", bool(self.fast_dct))
+        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, (int, np.integer)) \
+                or self.max_pixels < 1:
+            raise ValueError(f"Image.max_pixels must be a positive int, got {self.max_pixels!r}")
+        object.__setattr__(self, "max_pixels", int(self.max_pixels))
+        if not isinstance(self.key, str) or not self.key:
+            raise ValueError(f"Image.key must be the name of the Example's feature, got {self.key!r}")
+
+    @property
+    def shape(self) -> tuple:
+        """One record's output shape, ``(height, width, channels)``."""
+        return (*self.size, self.channels)
+
+    @property
+    def random(self) -> bool:
+        """Whether decoding draws from the record's generator."""
+        return self.flip or self.resize == "random_resized_crop"
+
+
+Feature = FixedLen | VarLen | Bytes | Image
 
 
 class Padded(NamedTuple):
@@ -168,8 +296,11 @@ def spec_to_json(spec) -> dict:
         elif isinstance(f, Bytes):
             out[name] = {"kind": "Bytes", "max_bytes": f.max_bytes, "truncate": f.truncate,
                          "default": None if f.default is None else f.default.hex()}
+        elif isinstance(f, Image):
+            out[name] = {"kind": "Image", **{k: list(v) if isinstance(v, tuple) else v
+                                             for k, v in dataclasses.asdict(f).items()}}
         else:
-            raise ValueError(f"spec[{name!r}] must be FixedLen, VarLen or Bytes, got {f!r}")
+            raise ValueError(f"spec[{name!r}] must be FixedLen, VarLen, Bytes or Image, got {f!r}")
     return out
 
 
@@ -189,8 +320,10 @@ def spec_from_json(doc) -> dict:
             elif kind == "Bytes":
                 default = fields.pop("default", None)
                 out[name] = Bytes(default=None if default is None else bytes.fromhex(default), **fields)
+            elif kind == "Image":
+                out[name] = Image(**fields)
             else:
-                raise ValueError("kind must be FixedLen, VarLen or Bytes")
+                raise ValueError("kind must be FixedLen, VarLen, Bytes or Image")
         except (TypeError, ValueError) as e:
             raise ValueError(f"feature {name!r}: {e} (found {f!r:.200})") from None
     return out

@@ -1,0 +1,302 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The image stage's kernel: crop, resize, flip, normalise and cast in one pass, into a row of a batch.
+
+``resize_into`` reads a window ``[y0, y0 + height) x [x0, x0 + width)`` of a
+decoded image (fractional bounds: the window of a crop after the decoder's DCT
+scaling), resamples it to ``out_h x out_w`` pixels placed at ``(top, left)`` of
+the output row, mirrored left to right when asked, and writes
+``value * scale[c] + bias[c]`` cast to the row's dtype (integers rounded to
+nearest and clamped; float16 and bfloat16 rounded to nearest even).
+
+Resampling is separable with half-pixel centres, as ``tf.image.resize``: a
+triangle filter of radius one source pixel (bilinear, 2 taps per axis), or with
+``antialias`` of radius ``max(1, source pixels per output pixel)`` (what
+``tf.image.resize(..., antialias=True)`` and Pillow's bilinear do when
+shrinking). Taps that fall outside the image are dropped and the others
+renormalised (an edge pixel repeats, as TensorFlow clamps).
+
+Bounds: the window is checked against the image and the placement against the
+row before anything is read or written; every tap index is clamped into the
+image when the taps are computed, so the loops need no checks of their own.
+"""
+
+from libc.stdlib cimport malloc, free
+from libc.math cimport floor, ceil, fabs, lrintf
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t
+from libc.string cimport memcpy
+
+import numpy as np
+cimport numpy as cnp
+
+cnp.import_array()
+
+# Output element types.
+DEF OUT_U8 = 0
+DEF OUT_U16 = 1
+DEF OUT_F32 = 2
+DEF OUT_F16 = 3
+DEF OUT_BF16 = 4
+
+OUTPUT_TYPES = {"uint8": OUT_U8, "uint16": OUT_U16, "float32": OUT_F32, "float16": OUT_F16, "bfloat16": OUT_BF16}
+
+
+cdef struct Axis:
+    int n                  # output pixels
+    int max_taps           # stride of weights
+    int *first             # per output pixel: first source index
+    int *count             # per output pixel: taps used
+    float *weights         # per output pixel: max_taps weights (normalised)
+
+
+cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, bint antialias) noexcept nogil:
+    """The taps of ``n_out`` output pixels resampling ``[start, start + length)`` of ``n_src`` pixels: only
+    the pixels the window covers (a crop's edge pixel repeats, as when the crop is cut out first)."""
+    cdef double scale = length / n_out                   # source pixels per output pixel
+    cdef double support = scale if antialias and scale > 1.0 else 1.0
+    cdef double centre, w, total
+    cdef int i, j, lo, hi, k
+    cdef int first = <int>floor(start + 1e-6), last = <int>ceil(start + length - 1e-6) - 1
+    if first < 0:
+        first = 0
+    if last > n_src - 1:
+        last = n_src - 1
+    ax.n = n_out
+    ax.max_taps = <int>ceil(2.0 * support) + 2
+    ax.first = <int *>malloc(sizeof(int) * n_out)
+    ax.count = <int *>malloc(sizeof(int) * n_out)
+    ax.weights = <float *>malloc(sizeof(float) * n_out * ax.max_taps)
+    if ax.first == NULL or ax.count == NULL or ax.weights == NULL:
+        return -1
+    for i in range(n_out):
+        centre = start + (i + 0.5) * scale               # in source coordinates, pixel j spans [j, j + 1)
+        lo = <int>floor(centre - support - 0.5)
+        hi = <int>ceil(centre + support - 0.5)
+        if lo < first:
+            lo = first
+        if hi > last:
+            hi = last
+        if hi - lo + 1 > ax.max_taps:
+            hi = lo + ax.max_taps - 1
+        total = 0.0
+        k = 0
+        for j in range(lo, hi + 1):
+            w = 1.0 - fabs(j + 0.5 - centre) / support
+            if w < 0.0:
+                w = 0.0
+            ax.weights[i * ax.max_taps + k] = <float>w
+            total += w
+            k += 1
+        if total <= 0.0:                                  # the centre lies beyond an edge: take the edge pixel
+            j = lo if centre - 0.5 < lo else hi
+            ax.first[i] = j
+            ax.count[i] = 1
+            ax.weights[i * ax.max_taps] = 1.0
+            continue
+        while k > 1 and ax.weights[i * ax.max_taps + k - 1] == 0.0:
+            k -= 1
+        j = 0
+        while j < k - 1 and ax.weights[i * ax.max_taps + j] == 0.0:
+            j += 1
+        ax.first[i] = lo + j
+        ax.count[i] = k - j
+        for k in range(ax.count[i]):
+            ax.weights[i * ax.max_taps + k] = <float>(ax.weights[i * ax.max_taps + j + k] / total)
+    return 0
+
+
+cdef void free_axis(Axis *ax) noexcept nogil:
+    free(ax.first)
+    free(ax.count)
+    free(ax.weights)
+
+
+cdef inline uint16_t to_f16(float value) noexcept nogil:
+    """IEEE half precision, rounded to nearest even; overflow gives infinity, NaN stays NaN."""
+    cdef uint32_t x
+    memcpy(&x, &value, 4)
+    cdef uint32_t sign = (x >> 16) & 0x8000
+    cdef uint32_t mag = x & 0x7FFFFFFF
+    cdef uint32_t shift, mant, rounded
+    if mag >= 0x7F800000:                                 # inf or NaN
+        return <uint16_t>(sign | 0x7C00 | (0x200 if mag > 0x7F800000 else 0))
+    if mag >= 0x477FF000:                                 # rounds to 65520 or more: infinity
+        return <uint16_t>(sign | 0x7C00)
+    if mag < 0x38800000:                                  # below the smallest normal half: subnormal or zero
+        if mag < 0x33000000:
+            return <uint16_t>sign
+        shift = 126 - (mag >> 23)                         # value * 2**24 = mant >> shift, shift from 14 to 24
+        mant = (mag & 0x7FFFFF) | 0x800000
+        rounded = mant >> shift                           # then rounded half to even on the bits shifted out
+        if (mant >> (shift - 1)) & 1 and ((mant & ((1u << (shift - 1)) - 1)) or (rounded & 1)):
+            rounded += 1
+        return <uint16_t>(sign | rounded)
+    mag = mag - 0x38000000                                # rebias the exponent from 127 to 15
+    rounded = (mag + 0xFFF + ((mag >> 13) & 1)) >> 13
+    return <uint16_t>(sign | rounded)
+
+
+cdef inline uint16_t to_bf16(float value) noexcept nogil:
+    """bfloat16, rounded to nearest even; NaN stays NaN."""
+    cdef uint32_t x
+    memcpy(&x, &value, 4)
+    if (x & 0x7FFFFFFF) > 0x7F800000:
+        return <uint16_t>((x >> 16) | 0x40)
+    return <uint16_t>((x + 0x7FFF + ((x >> 16) & 1)) >> 16)
+
+
+cdef extern from *:
+    """
+    /* Casts of a line of floats, one loop per type with no branch inside, for the compiler to vectorise. */
+    static void infeed_store_u8(const float *line, Py_ssize_t n, uint8_t *dst) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v = line[i] + 0.5f;
+            v = v < 0.0f ? 0.0f : v;
+            v = v > 255.0f ? 255.0f : v;
+            dst[i] = (uint8_t)(int)v;
+        }
+    }
+    static void infeed_store_u16(const float *line, Py_ssize_t n, uint16_t *dst) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v = line[i] + 0.5f;
+            v = v < 0.0f ? 0.0f : v;
+            v = v > 65535.0f ? 65535.0f : v;
+            dst[i] = (uint16_t)(int)v;
+        }
+    }
+    """
+    void store_u8 "infeed_store_u8"(const float *line, Py_ssize_t n, uint8_t *dst) noexcept nogil
+    void store_u16 "infeed_store_u16"(const float *line, Py_ssize_t n, uint16_t *dst) noexcept nogil
+
+
+cdef void store_line(const float *line, Py_ssize_t n, char *dst, int kind) noexcept nogil:
+    """``dst[:n] = line[:n]`` cast to ``kind`` (integers rounded half up and clamped)."""
+    cdef Py_ssize_t i
+    if kind == OUT_U8:
+        store_u8(line, n, <uint8_t *>dst)
+    elif kind == OUT_U16:
+        store_u16(line, n, <uint16_t *>dst)
+    elif kind == OUT_F32:
+        memcpy(dst, line, n * sizeof(float))
+    elif kind == OUT_BF16:
+        for i in range(n):
+            (<uint16_t *>dst)[i] = to_bf16(line[i])
+    else:
+        for i in range(n):
+            (<uint16_t *>dst)[i] = to_f16(line[i])
+
+
+ctypedef fused pixel_t:
+    uint8_t
+    uint16_t
+
+
+cdef void resample(const pixel_t *src, Py_ssize_t src_stride, int channels, Axis *ys, Axis *xs,
+                   float *column, float *line, char *out, Py_ssize_t out_stride, int kind, bint flip,
+                   const float *scale, const float *bias) noexcept nogil:
+    """Per output row: the vertical taps over the window's columns into ``column`` (contiguous, vectorised),
+    then the horizontal taps into ``line`` (scaled and biased, mirrored when asked), stored cast into ``out``."""
+    cdef int y, x, c, k, j, x_lo = xs.first[0], x_hi = 0
+    cdef Py_ssize_t i, width, o
+    cdef const pixel_t *p
+    cdef const float *w
+    cdef const float *q
+    cdef float wk, acc0, acc1, acc2
+    for x in range(xs.n):
+        x_lo = xs.first[x] if xs.first[x] < x_lo else x_lo
+        x_hi = xs.first[x] + xs.count[x] if xs.first[x] + xs.count[x] > x_hi else x_hi
+    width = <Py_ssize_t>(x_hi - x_lo) * channels
+    for y in range(ys.n):
+        w = ys.weights + y * ys.max_taps
+        p = src + ys.first[y] * src_stride + x_lo * channels
+        wk = w[0]
+        for i in range(width):
+            column[i] = wk * p[i]
+        for k in range(1, ys.count[y]):
+            wk = w[k]
+            p = p + src_stride
+            for i in range(width):
+                column[i] += wk * p[i]
+        for x in range(xs.n):
+            w = xs.weights + x * xs.max_taps
+            q = column + <Py_ssize_t>(xs.first[x] - x_lo) * channels
+            o = <Py_ssize_t>((xs.n - 1 - x) if flip else x) * channels
+            if channels == 3 and xs.count[x] == 2:
+                line[o] = (w[0] * q[0] + w[1] * q[3]) * scale[0] + bias[0]
+                line[o + 1] = (w[0] * q[1] + w[1] * q[4]) * scale[1] + bias[1]
+                line[o + 2] = (w[0] * q[2] + w[1] * q[5]) * scale[2] + bias[2]
+            elif channels == 3:
+                acc0 = acc1 = acc2 = 0.0
+                for k in range(xs.count[x]):
+                    acc0 += w[k] * q[3 * k]
+                    acc1 += w[k] * q[3 * k + 1]
+                    acc2 += w[k] * q[3 * k + 2]
+                line[o] = acc0 * scale[0] + bias[0]
+                line[o + 1] = acc1 * scale[1] + bias[1]
+                line[o + 2] = acc2 * scale[2] + bias[2]
+            else:
+                for c in range(channels):
+                    acc0 = 0.0
+                    for k in range(xs.count[x]):
+                        acc0 += w[k] * q[channels * k + c]
+                    line[o + c] = acc0 * scale[c] + bias[c]
+        store_line(line, <Py_ssize_t>xs.n * channels, out + y * out_stride, kind)
+
+
+def resize_into(cnp.ndarray image not None, double y0, double x0, double height, double width,
+                cnp.ndarray out not None, int top, int left, int out_h, int out_w, bint flip=False,
+                bint antialias=False, scale=None, bias=None):
+    """Resamples ``image[y0:y0+height, x0:x0+width]`` (``[H, W, C]`` uint8 or uint16) into
+    ``out[top:top+out_h, left:left+out_w]`` (``[h, w, C]``, see the module's docstring)."""
+    if image.ndim != 3 or out.ndim != 3 or image.shape[2] != out.shape[2]:
+        raise ValueError(f"image {(<object>image).shape} and out {(<object>out).shape} must both be [H, W, C] "
+                         f"with the same C")
+    if image.dtype != np.uint8 and image.dtype != np.uint16:
+        raise ValueError(f"image must be uint8 or uint16, got {image.dtype}")
+    kind = OUTPUT_TYPES.get(out.dtype.name)
+    if kind is None:
+        raise ValueError(f"out must be one of {sorted(OUTPUT_TYPES)}, got {out.dtype}")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(image) or not cnp.PyArray_IS_C_CONTIGUOUS(out) \
+            or not cnp.PyArray_ISWRITEABLE(out):
+        raise ValueError("image and out must be C-contiguous, out writable")
+    cdef int src_h = image.shape[0], src_w = image.shape[1], channels = image.shape[2]
+    if not (height > 0 and width > 0 and y0 >= 0 and x0 >= 0 and y0 + height <= src_h + 1e-6
+            and x0 + width <= src_w + 1e-6):
+        raise ValueError(f"window ({y0}, {x0}, {height}, {width}) is not inside the {src_h}x{src_w} image")
+    if not (out_h > 0 and out_w > 0 and top >= 0 and left >= 0 and top + out_h <= out.shape[0]
+            and left + out_w <= out.shape[1]):
+        raise ValueError(f"placement ({top}, {left}, {out_h}, {out_w}) is not inside out {(<object>out).shape}")
+    cdef float[::1] s = np.broadcast_to(np.asarray(1.0 if scale is None else scale, np.float32),
+                                        (channels,)).copy()
+    cdef float[::1] b = np.broadcast_to(np.asarray(0.0 if bias is None else bias, np.float32),
+                                        (channels,)).copy()
+    cdef Axis ys, xs
+    cdef float *column = NULL
+    cdef float *line = NULL
+    cdef int item = out.dtype.itemsize
+    cdef Py_ssize_t out_stride = out.strides[0]
+    cdef char *dst = <char *>cnp.PyArray_DATA(out) + top * out_stride + left * channels * item
+    cdef int out_kind = kind
+    ys.first = ys.count = xs.first = xs.count = NULL
+    ys.weights = xs.weights = NULL
+    try:
+        if axis_taps(&ys, y0, height, out_h, src_h, antialias) < 0 or \
+                axis_taps(&xs, x0, width, out_w, src_w, antialias) < 0:
+            raise MemoryError()
+        column = <float *>malloc(sizeof(float) * src_w * channels)
+        line = <float *>malloc(sizeof(float) * out_w * channels)
+        if column == NULL or line == NULL:
+            raise MemoryError()
+        if image.dtype == np.uint8:
+            with nogil:
+                resample(<const uint8_t *>cnp.PyArray_DATA(image), <Py_ssize_t>src_w * channels, channels, &ys, &xs,
+                         column, line, dst, out_stride, out_kind, flip, &s[0], &b[0])
+        else:
+            with nogil:
+                resample(<const uint16_t *>cnp.PyArray_DATA(image), <Py_ssize_t>src_w * channels, channels, &ys,
+                         &xs, column, line, dst, out_stride, out_kind, flip, &s[0], &b[0])
+    finally:
+        free_axis(&ys)
+        free_axis(&xs)
+        free(column)
+        free(line)
+

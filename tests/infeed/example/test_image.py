@@ -1,0 +1,416 @@
+"""infeed.Image: JPEG and PNG values decoded, cropped, resized, flipped and cast into the batch.
+
+Pixels are checked against a plain numpy resampler with TensorFlow's
+conventions (and against TensorFlow itself where it is installed); the random
+crops and flips against the record's name, whatever reads it.
+"""
+
+import io
+import logging
+import struct
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+import simplejpeg
+from PIL import Image as PILImage
+
+import infeed
+from infeed import Daemon, Dataset, DecodeError, ExampleParser, FixedLen, Image, encode_example
+from infeed.example import image as image_module
+from infeed.example._image import resize_into
+from infeed.example.spec import spec_from_json, spec_to_json
+
+
+def photo(height=375, width=500, seed=0) -> np.ndarray:
+    """A smooth RGB picture with edges (JPEG-friendly, and resampling errors show)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack([128 + 100 * np.sin(x / (17 + 5 * c) + y / (23 + 3 * c) + c) for c in range(3)], axis=-1)
+    base[height // 3: height // 2, width // 4: width // 2] = rng.integers(0, 255, 3)
+    return np.clip(base, 0, 255).astype(np.uint8)
+
+
+def jpeg(pixels, quality=90, **kw) -> bytes:
+    return simplejpeg.encode_jpeg(np.ascontiguousarray(pixels), quality=quality, **kw)
+
+
+def pil_bytes(pixels_or_image, fmt="PNG", **kw) -> bytes:
+    im = pixels_or_image if isinstance(pixels_or_image, PILImage.Image) else PILImage.fromarray(pixels_or_image)
+    out = io.BytesIO()
+    im.save(out, fmt, **kw)
+    return out.getvalue()
+
+
+def record(data: bytes, label: int = 0, key="image/encoded") -> bytes:
+    return encode_example({key: data, "label": label})
+
+
+def decode(spec: Image, data: bytes, ids=(0, 0, 0), seed=0) -> np.ndarray:
+    parser = ExampleParser({"image": spec}, seed=seed)
+    return parser.parse([record(data)], ids=[ids])["image"][0]
+
+
+def reference_resize(pixels: np.ndarray, window, size, antialias=False) -> np.ndarray:
+    """Separable triangle-filter resampling with half-pixel centres over the window's pixels, in float64."""
+    y0, x0, h, w = window
+    crop = pixels[y0:y0 + h, x0:x0 + w].astype(np.float64)
+
+    def matrix(n_in, n_out):
+        scale = n_in / n_out
+        support = scale if antialias and scale > 1 else 1.0
+        m = np.zeros((n_out, n_in))
+        for i in range(n_out):
+            centre = (i + 0.5) * scale
+            j = np.arange(n_in)
+            weights = np.maximum(0.0, 1 - np.abs(j + 0.5 - centre) / support)
+            if weights.sum() == 0:
+                weights[min(max(int(centre), 0), n_in - 1)] = 1
+            m[i] = weights / weights.sum()
+        return m
+
+    rows, cols = matrix(h, size[0]), matrix(w, size[1])
+    return np.einsum("ij,jkc,lk->ilc", rows, crop, cols, optimize=True)
+
+
+def central_window(height, width, fraction=0.875):
+    """ResNet's evaluation crop (TensorFlow's official preprocessing): a square, whole pixels."""
+    crop = int(fraction * min(height, width))
+    return (height - crop + 1) // 2, (width - crop + 1) // 2, crop, crop
+
+
+# ---------------------------------------------------------------------------
+# The spec
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"size": (0, 3)}, "size"), ({"size": 224}, "size"), ({"channels": 2}, "channels"),
+    ({"dtype": "int32"}, "dtype"), ({"resize": "stretch"}, "resize"), ({"area": (0.5, 0.2)}, "area"),
+    ({"area": (0.1, 1.5)}, "area"), ({"aspect": (0, 1)}, "aspect"), ({"central_fraction": 0}, "central_fraction"),
+    ({"mean": 0.5}, "float dtype"), ({"dtype": "float32", "std": 0}, "std"),
+    ({"dtype": "float32", "mean": (1, 2)}, "mean"), ({"max_pixels": 0}, "max_pixels"), ({"key": ""}, "key"),
+])
+def test_a_bad_image_spec_is_a_value_error_naming_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Image(**kwargs)
+
+
+def test_the_spec_round_trips_through_json_and_lays_out_the_batch(tmp_path):
+    spec = {"image": Image(size=(32, 48), channels=1, dtype="bfloat16", resize="random_resized_crop", flip=True,
+                           mean=127.5, std=(64,)), "label": FixedLen((), "int64")}
+    assert spec_from_json(spec_to_json(spec)) == spec
+    out = ExampleParser(spec).allocate(4)
+    assert out["image"].shape == (4, 32, 48, 1) and out["image"].dtype == ml_dtypes.bfloat16
+    path = str(tmp_path / "a.tfrecord")
+    with infeed.TFRecordWriter(path) as w:
+        w.write(record(jpeg(photo(40, 60))))
+    assert Dataset(path, spec, batch_size=8).template()["image"] == ((8, 32, 48, 1), ml_dtypes.bfloat16)
+
+
+def test_two_images_may_read_one_feature_and_other_specs_may_not_share_it():
+    pixels = photo(120, 160)
+    parser = ExampleParser({"small": Image(size=(8, 8)), "large": Image(size=(64, 64), resize="pad")})
+    out = parser.parse([record(jpeg(pixels))])
+    assert out["small"].shape == (1, 8, 8, 3) and out["large"].shape == (1, 64, 64, 3)
+    with pytest.raises(ValueError, match="read by both"):
+        ExampleParser({"image/encoded": infeed.Bytes(max_bytes=10), "image": Image()})
+
+
+# ---------------------------------------------------------------------------
+# Pixels
+
+
+@pytest.mark.parametrize("antialias", [False, True])
+def test_the_centre_crop_matches_a_reference_resampler(antialias):
+    pixels = photo()
+    data = jpeg(pixels)
+    decoded = simplejpeg.decode_jpeg(data, fastdct=True)
+    got = decode(Image(dtype="float32", antialias=antialias), data)
+    want = reference_resize(decoded, central_window(375, 500), (224, 224), antialias)
+    assert np.abs(got - want).max() < 1e-3
+
+
+def test_resize_none_copies_the_pixels_and_refuses_another_size():
+    pixels = photo(60, 80)
+    data = jpeg(pixels)
+    got = decode(Image(size=(60, 80), resize=None), data)
+    assert np.array_equal(got, simplejpeg.decode_jpeg(data, fastdct=True))
+    with pytest.raises(DecodeError, match="resize=None needs 81x60"):
+        decode(Image(size=(60, 81), resize=None), data)
+
+
+def test_pad_fits_the_whole_image_centred_with_zeros_around():
+    pixels = np.full((50, 100, 3), 200, np.uint8)
+    got = decode(Image(size=(60, 60), resize="pad"), pil_bytes(pixels))
+    assert (got[:15] == 0).all() and (got[45:] == 0).all() and (got[15:45] == 200).all()
+
+
+def test_a_large_jpeg_is_decoded_at_a_dct_scale_that_keeps_the_crop_larger_than_the_output(monkeypatch):
+    pixels = photo(768, 1024)
+    data = jpeg(pixels)
+    asked = []
+    real = simplejpeg.decode_jpeg
+
+    def spy(*args, **kwargs):
+        asked.append((kwargs["min_height"], kwargs["min_width"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", spy)
+    got = decode(Image(size=(224, 224), dtype="float32"), data)       # crop 672 -> 224: 1/2 keeps 336 >= 224
+    small = decode(Image(size=(64, 64), dtype="float32"), data)       # 672 -> 64: 1/8 keeps 84 >= 64
+    assert asked == [(384, 512), (96, 128)]
+    full = real(data, fastdct=True).astype(np.float64)
+    assert np.abs(got - reference_resize(full, central_window(768, 1024), (224, 224), antialias=True)).mean() < 2
+    assert np.abs(small - reference_resize(full, central_window(768, 1024), (64, 64), antialias=True)).mean() < 2
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_jpeg_colour_models_grayscale_and_cmyk_give_the_channels_asked(channels):
+    pixels = photo(40, 40)
+    for source in (PILImage.fromarray(pixels), PILImage.fromarray(pixels).convert("L"),
+                   PILImage.fromarray(pixels).convert("CMYK")):
+        data = pil_bytes(source, "JPEG", quality=95)
+        got = decode(Image(size=(40, 40), channels=channels, resize=None), data)
+        assert got.shape == (40, 40, channels)
+        want = np.asarray(PILImage.open(io.BytesIO(data)).convert({1: "L", 3: "RGB", 4: "RGBA"}[channels]))
+        assert np.abs(got.astype(int) - want.reshape(got.shape)).mean() < 3, source.mode
+    if channels == 4:
+        assert (got[..., 3] == 255).all()
+
+
+def test_a_progressive_jpeg_decodes_as_the_baseline_one():
+    pixels = photo(64, 64)
+    base = decode(Image(size=(64, 64), resize=None), pil_bytes(pixels, "JPEG", quality=95))
+    progressive = decode(Image(size=(64, 64), resize=None), pil_bytes(pixels, "JPEG", quality=95, progressive=True))
+    assert np.abs(base.astype(int) - progressive).mean() < 1
+
+
+def test_png_kinds_palette_alpha_gray_and_sixteen_bits():
+    pixels = photo(30, 40)
+    rgba = np.dstack([pixels, np.full((30, 40), 7, np.uint8)])
+    assert np.array_equal(decode(Image(size=(30, 40), resize=None), pil_bytes(rgba)), pixels)       # alpha dropped
+    assert np.array_equal(decode(Image(size=(30, 40), channels=4, resize=None), pil_bytes(rgba)), rgba)
+    palette = PILImage.fromarray(pixels).quantize(16)
+    assert np.array_equal(decode(Image(size=(30, 40), resize=None), pil_bytes(palette)),
+                          np.asarray(palette.convert("RGB")))
+    deep = (np.arange(30 * 40, dtype=np.uint16).reshape(30, 40) * 50)
+    data = pil_bytes(PILImage.fromarray(deep))
+    assert np.array_equal(decode(Image(size=(30, 40), channels=1, dtype="uint16", resize=None), data)[..., 0], deep)
+    as_bytes = decode(Image(size=(30, 40), channels=1, resize=None), data)[..., 0]
+    assert np.array_equal(as_bytes, np.floor(deep / 257 + 0.5).astype(np.uint8))
+
+
+def test_float_outputs_are_normalised_and_halves_are_the_float32_values_rounded():
+    data = jpeg(photo(100, 120))
+    plain = decode(Image(size=(50, 50), dtype="float32"), data)
+    mean, std = (123.7, 116.3, 103.5), (58.4, 57.1, 57.4)
+    normalised = decode(Image(size=(50, 50), dtype="float32", mean=mean, std=std), data)
+    assert np.allclose(normalised, (plain - mean) / np.array(std), atol=1e-4)
+    for dtype in ("bfloat16", "float16"):
+        half = decode(Image(size=(50, 50), dtype=dtype, mean=mean, std=std), data)
+        assert half.dtype == np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        assert np.array_equal(half, normalised.astype(half.dtype))
+    as_u8 = decode(Image(size=(50, 50)), data)
+    assert np.array_equal(as_u8, np.clip(np.floor(plain + 0.5), 0, 255).astype(np.uint8))
+
+
+def test_the_kernel_refuses_windows_and_placements_outside_its_arrays():
+    image, out = np.zeros((10, 10, 3), np.uint8), np.zeros((4, 4, 3), np.uint8)
+    with pytest.raises(ValueError, match="window"):
+        resize_into(image, 5, 0, 6, 10, out, 0, 0, 4, 4)
+    with pytest.raises(ValueError, match="placement"):
+        resize_into(image, 0, 0, 10, 10, out, 1, 0, 4, 4)
+    with pytest.raises(ValueError, match="same C"):
+        resize_into(image, 0, 0, 10, 10, np.zeros((4, 4, 1), np.uint8), 0, 0, 4, 4)
+    with pytest.raises(ValueError, match="out must be one of"):
+        resize_into(image, 0, 0, 10, 10, np.zeros((4, 4, 3), np.int32), 0, 0, 4, 4)
+
+
+# ---------------------------------------------------------------------------
+# Random crops and flips
+
+
+def test_random_crops_and_flips_follow_the_records_name_and_the_seed():
+    data = jpeg(photo())
+    spec = Image(size=(64, 64), resize="random_resized_crop", flip=True)
+    a = decode(spec, data, ids=(0, 1, 2))
+    assert np.array_equal(a, decode(spec, data, ids=(0, 1, 2)))
+    others = [decode(spec, data, ids=ids) for ids in ((1, 1, 2), (0, 2, 2), (0, 1, 3))]
+    others.append(decode(spec, data, ids=(0, 1, 2), seed=1))
+    assert all(not np.array_equal(a, b) for b in others)
+
+
+def test_the_random_window_stays_inside_the_image_and_within_the_area_and_aspect_asked():
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        height, width = (int(v) for v in rng.integers(1, 400, 2))
+        y, x, h, w = image_module._random_window(height, width, (0.08, 1.0), (3 / 4, 4 / 3), rng)
+        assert 0 <= y and 0 <= x and 0 < h and 0 < w and y + h <= height and x + w <= width
+
+
+@pytest.fixture(scope="module")
+def photo_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    paths, number = [], 0
+    for f, n in enumerate((13, 9, 11)):
+        path = str(root / f"train-{f}.tfrecord")
+        with infeed.TFRecordWriter(path) as w:
+            for r in range(n):
+                pixels = photo(90 + 7 * (number % 5), 120 + 11 * (number % 3), seed=number)
+                w.write(encode_example({"image/encoded": jpeg(pixels), "id": number}))
+                number += 1
+        paths.append(path)
+    return paths
+
+
+RECORDS_PER_EPOCH = 32         # 33 records in batches of 4, the last one dropped
+
+
+def sequence(ds, **kw) -> list:
+    """``(record id, image)`` of every row of every batch of ``ds`` through a daemon, in order."""
+    with Daemon(ds, lock_memory=False, timeout=60, **kw) as feed:
+        return [(int(i), image.copy()) for batch in feed for i, image in zip(batch["id"], batch["image"])]
+
+
+def by_epoch_and_id(rows: list) -> dict:
+    return {(n // RECORDS_PER_EPOCH, i): image for n, (i, image) in enumerate(rows)}
+
+
+def same(a: list, b: list) -> bool:
+    return [i for i, _ in a] == [i for i, _ in b] and all(np.array_equal(x, y) for (_, x), (_, y) in zip(a, b))
+
+
+def test_each_records_crop_is_the_same_for_any_worker_count_order_and_resume(photo_files):
+    spec = {"image": Image(size=(32, 32), resize="random_resized_crop", flip=True), "id": FixedLen((), "int64")}
+    ds = Dataset(photo_files, spec, batch_size=4, seed=5, num_epochs=2)
+    one = sequence(ds, num_workers=1)
+    assert len(one) == 2 * RECORDS_PER_EPOCH and same(one, sequence(ds, num_workers=3))
+    epochs = by_epoch_and_id(one)
+    assert not any(np.array_equal(epochs[0, i], epochs[1, i]) for i in range(32))      # a new draw each epoch
+    shuffled = by_epoch_and_id(sequence(ds.replace(shuffle_buffer=8, shuffle_files=True), num_workers=2))
+    common = set(epochs) & set(shuffled)
+    assert len(common) > 32 and all(np.array_equal(epochs[k], shuffled[k]) for k in common)
+    with Daemon(ds, num_workers=2, lock_memory=False, timeout=60) as feed:
+        for _ in range(3):
+            next(feed)
+        state = feed.state()
+    assert same(sequence(ds, num_workers=1, state=state), one[12:])
+
+
+# ---------------------------------------------------------------------------
+# Bad images
+
+
+def jpeg_declaring(height: int, width: int) -> bytes:
+    """A small JPEG whose frame header claims another size."""
+    data = bytearray(jpeg(photo(16, 16)))
+    at = data.index(b"\xff\xc0") + 5
+    data[at:at + 4] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def png_declaring(height: int, width: int) -> bytes:
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + header
+    ihdr = struct.pack(">I", len(header)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    body = zlib.compress(b"\0" * 64)
+    idat = struct.pack(">I", len(body)) + b"IDAT" + body + struct.pack(">I", zlib.crc32(b"IDAT" + body))
+    return b"\x89PNG\r\n\x1a\n" + ihdr + idat
+
+
+GOOD = jpeg(photo(48, 64))
+BAD_IMAGES = {
+    "empty": (b"", "empty value"),
+    "garbage": (b"hello world, not an image", "neither JPEG nor PNG"),
+    "truncated jpeg": (GOOD[:len(GOOD) // 2], "broken JPEG"),
+    "jpeg header only": (GOOD[:20], "broken JPEG"),
+    "truncated png": (pil_bytes(photo(48, 64))[:300], "broken PNG"),
+    "jpeg bomb": (jpeg_declaring(60000, 60000), "60000x60000 image, more than max_pixels"),
+    "jpeg too large for libjpeg": (jpeg_declaring(65535, 65535), "broken JPEG header"),
+    "png bomb": (png_declaring(65535, 65535), "65535x65535 image, more than max_pixels"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_IMAGES))
+def test_a_bad_image_is_a_decode_error_naming_record_and_feature(name):
+    data, message = BAD_IMAGES[name]
+    parser = ExampleParser({"image": Image(size=(32, 32)), "label": FixedLen((), "int64")})
+    with pytest.raises(DecodeError, match=message) as caught:
+        parser.parse([record(GOOD), record(data)], index_base=10)
+    assert caught.value.feature == "image/encoded" and caught.value.record_index == 11
+    assert caught.value.offset is not None
+
+
+def test_a_missing_image_or_two_values_is_a_decode_error():
+    parser = ExampleParser({"image": Image(size=(8, 8))})
+    with pytest.raises(DecodeError, match="no such feature"):
+        parser.parse([encode_example({"label": 1})])
+    with pytest.raises(DecodeError, match="1 bytes value"):
+        parser.parse([encode_example({"image/encoded": [GOOD, GOOD]})])
+
+
+def test_skip_corrupt_repeats_the_nearest_good_record_and_counts_it():
+    parser = ExampleParser({"image": Image(size=(16, 16)), "label": FixedLen((), "int64")}, skip_corrupt=True)
+    records = [record(b"bad", 0), record(GOOD, 1), record(b"", 2), record(jpeg(photo(40, 40, seed=3)), 3)]
+    out = parser.parse(records)
+    assert out["label"].tolist() == [1, 1, 1, 3]
+    assert np.array_equal(out["image"][0], out["image"][1]) and np.array_equal(out["image"][2], out["image"][1])
+    assert parser.skipped_images == 2 and [e.record_index for e in parser.last_skipped] == [0, 2]
+    with pytest.raises(DecodeError, match="neither JPEG nor PNG"):
+        parser.parse([record(b"bad"), record(b"worse")])
+
+
+def test_a_daemon_names_the_file_of_a_bad_image_or_skips_it_with_a_warning(tmp_path, caplog):
+    path = str(tmp_path / "bad.tfrecord")
+    with infeed.TFRecordWriter(path) as w:
+        for i in range(6):
+            w.write(encode_example({"image/encoded": GOOD if i != 4 else b"GIF89a...", "id": i}))
+    spec = {"image": Image(size=(16, 16)), "id": FixedLen((), "int64")}
+    with pytest.raises(DecodeError, match=r"bad\.tfrecord: record 4 \(byte \d+\): feature 'image/encoded'"):
+        with Daemon(Dataset(path, spec, batch_size=3), num_workers=2, lock_memory=False, timeout=60) as feed:
+            list(feed)
+    with Daemon(Dataset(path, spec, batch_size=3, skip_corrupt=True), num_workers=2, lock_memory=False,
+                timeout=60) as feed:
+        ids = [batch["id"].tolist() for batch in feed]
+    assert ids == [[0, 1, 2], [3, 3, 5]]
+
+
+def test_pillow_missing_names_the_extra(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pil(name, *args, **kwargs):
+        if name == "PIL" or name.startswith("PIL."):
+            raise ImportError("No module named 'PIL'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pil)
+    with pytest.raises(DecodeError, match=r"tpu-estimator-jax\[png\]"):
+        decode(Image(size=(8, 8)), pil_bytes(photo(8, 8)))
+
+
+# ---------------------------------------------------------------------------
+# TensorFlow, where installed
+
+
+def test_agreement_with_tensorflow():
+    tf = pytest.importorskip("tensorflow")
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    data = jpeg(photo())
+    decoded = tf.io.decode_jpeg(data, dct_method="INTEGER_FAST").numpy()
+    y, x, h, w = central_window(375, 500)
+    want = tf.image.resize(decoded[None, y:y + h, x:x + w], (224, 224))[0].numpy()
+    assert np.abs(decode(Image(dtype="float32"), data) - want).mean() < 0.01
+    want = tf.image.resize(decoded[None], (224, 224), antialias=True)[0].numpy()
+    got = decode(Image(dtype="float32", resize="random_resized_crop", area=(1, 1), aspect=(4 / 3, 4 / 3),
+                       antialias=True), data)
+    assert np.abs(got - want).mean() < 0.01
+    png = pil_bytes(photo(64, 80))
+    assert np.array_equal(decode(Image(size=(64, 80), resize=None), png), tf.io.decode_png(png).numpy())
+    cmyk = pil_bytes(PILImage.fromarray(photo(48, 48)).convert("CMYK"), "JPEG", quality=95)
+    want = tf.io.decode_jpeg(cmyk, channels=3).numpy().astype(int)
+    # TensorFlow truncates c * k / 255 where libjpeg-turbo rounds: ours are up to a few levels brighter.
+    difference = decode(Image(size=(48, 48), resize=None, fast_dct=False), cmyk) - want
+    assert 0 <= difference.mean() < 3 and np.abs(difference).max() <= 8
