@@ -1,0 +1,382 @@
+"""The ``images`` suite: JPEGs decoded, cropped and resized to 224x224 into the ring, against tf.data.
+
+Per source size (ImageNet-sized 500x375 photos, and 1024x768 ones; real
+photos: crops of the two that scikit-learn ships, mirrored and tinted per
+record, mosaics of four crops at 1024x768; JPEG quality 90, 4:2:0), it times,
+interleaved (A B C A B C ...), nothing pinned:
+
+- ``bare decoder``: ``simplejpeg.decode_jpeg(data, fastdct=True)`` of every
+  record's image at its full size, in this process, no resize: the limit.
+- ``parse, <mode> (1 process)``: ``read_batch`` and ``ExampleParser.parse`` of
+  a spec with ``infeed.Image(size=(224, 224), resize=<mode>)`` into one
+  preallocated batch, in this process.
+- ``daemon W=w, <mode>``: ``infeed.Daemon`` with w workers, a consumer that
+  only takes batches; the steady state's rate as in ``bench infeed`` (from
+  the arrival of batch W to the end).
+- ``tf.data <mode>, T thread(s)``: ``TFRecordDataset -> map(parse, decode,
+  crop, resize, num_parallel_calls=T) -> batch`` with a private thread pool
+  of T threads and no intra-op parallelism: the same thread budget as T
+  workers. The centre crop is TensorFlow's official ResNet one
+  (``decode_and_crop_jpeg`` of the central 87.5 % square, then bilinear
+  ``resize``); the random resized crop is ``sample_distorted_bounding_box``
+  (area 0.08-1, aspect 3/4-4/3, 10 attempts) + ``decode_and_crop_jpeg`` +
+  ``resize`` + ``random_flip_left_right``. ``tf.data decode_jpeg + resize,
+  centre crop`` decodes the whole image first (the other way TensorFlow
+  users write it).
+
+Where the time goes is measured in the same interleaved runs, per image, in
+this process: the JPEG decode at the DCT scale the centre crop uses, the resize
+kernel alone, and (by difference) the rest of ``parse`` (the Example, the
+image's header, Python).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+import infeed
+from bench import decode
+from bench.harness import Case, Measurement, Ratio, SuiteResult, interleave, log, settle_allocator
+from bench.infeed_suite import WARMUP, DaemonCase
+from infeed.example.image import _central_window
+
+__all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "parse_name", "daemon_name", "tf_name",
+           "write_photos"]
+
+SUITE = "images"
+SIZE = 224
+BATCH_SIZE = 16
+#: Source name -> (height, width, records, quick records): at least 8 batches, for the daemons' steady state.
+SOURCES = {"500x375": (375, 500, 512, 128), "1024x768": (768, 1024, 256, 128)}
+#: Row name of a crop mode -> infeed.Image's resize.
+MODES = {"centre crop": "center_crop", "random resized crop": "random_resized_crop"}
+BARE = "bare decoder"
+DECODE_PART = "centre crop's part: JPEG decode at its DCT scale"
+RESIZE_PART = "centre crop's part: resize kernel (crop, resize, cast)"
+TF_FULL = "tf.data decode_jpeg + resize, centre crop, 1 thread"
+#: The data files' layout version: bump it when the photos change, so that a --data-dir is not reused.
+FORMAT_VERSION = 1
+
+
+def parse_name(mode: str) -> str:
+    return f"parse, {mode} (1 process)"
+
+
+def daemon_name(workers: int, mode: str) -> str:
+    return f"daemon W={workers}, {mode}"
+
+
+def tf_name(mode: str, threads: int) -> str:
+    return f"tf.data {mode}, {threads} thread{'s' if threads > 1 else ''}"
+
+
+#: (numerator, denominator) -> {source: minimum ratio of the medians}: per core, into the ring.
+TARGETS = {
+    (daemon_name(1, "centre crop"), tf_name("centre crop", 1)): {"500x375": 1.0, "1024x768": 1.3},
+    (daemon_name(1, "random resized crop"), tf_name("random resized crop", 1)): {"500x375": 1.0, "1024x768": 1.0},
+    (daemon_name(1, "centre crop"), BARE): {"500x375": 0.85, "1024x768": 0.85},
+}
+
+
+# ---------------------------------------------------------------------------
+# The photos
+
+
+def _tile(photos: list, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    """A crop of a random photo, mirrored at random and tinted, at its native resolution."""
+    photo = photos[int(rng.integers(len(photos)))]
+    y = int(rng.integers(0, photo.shape[0] - height + 1))
+    x = int(rng.integers(0, photo.shape[1] - width + 1))
+    tile = photo[y:y + height, x:x + width].astype(np.float32)
+    if rng.random() < 0.5:
+        tile = tile[:, ::-1]
+    return np.clip(tile * rng.uniform(0.8, 1.2, 3) + rng.uniform(-20, 20, 3), 0, 255).astype(np.uint8)
+
+
+def photo(photos: list, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    """A ``height x width`` photo: one crop when the photos are large enough, else a mosaic of four."""
+    if all(p.shape[0] >= height and p.shape[1] >= width for p in photos):
+        return _tile(photos, height, width, rng)
+    top, left = height // 2, width // 2
+    rows = [np.concatenate([_tile(photos, h, w, rng) for w in (left, width - left)], axis=1)
+            for h in (top, height - top)]
+    return np.ascontiguousarray(np.concatenate(rows, axis=0))
+
+
+def write_photos(path: str, height: int, width: int, records: int, seed: int = 0) -> None:
+    """``records`` ImageNet-layout Examples (``image/encoded`` JPEG, ``image/class/label``) to ``path``."""
+    import simplejpeg
+    from sklearn.datasets import load_sample_images
+
+    photos = [np.asarray(p) for p in load_sample_images().images]
+    rng = np.random.default_rng([seed, height, width])
+    with infeed.TFRecordWriter(path) as w:
+        for i in range(records):
+            data = simplejpeg.encode_jpeg(photo(photos, height, width, rng), quality=90, colorsubsampling="420")
+            w.write(infeed.encode_example({"image/encoded": data, "image/class/label": i % 1000,
+                                           "image/height": height, "image/width": width}))
+
+
+def _ensure_photos(data_dir: str, source: str, records: int, seed: int) -> tuple[str, float | None]:
+    height, width = SOURCES[source][:2]
+    path = os.path.join(data_dir, f"photos-{source}-{records}-seed{seed}-v{FORMAT_VERSION}.tfrecord")
+    if os.path.exists(path):
+        return path, None
+    began, tmp = time.perf_counter(), f"{path}.partial{os.getpid()}"
+    try:
+        write_photos(tmp, height, width, records, seed)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path, time.perf_counter() - began
+
+
+# ---------------------------------------------------------------------------
+# Cases
+
+
+def _spec(mode: str) -> dict:
+    return {"image": infeed.Image(size=(SIZE, SIZE), resize=MODES[mode]),
+            "image/class/label": infeed.FixedLen((), "int64")}
+
+
+def _images_of(records: list) -> list[bytes]:
+    """The ``image/encoded`` bytes of each record."""
+    out = infeed.ExampleParser({"image/encoded": infeed.Bytes(max_bytes=16 << 20)}).parse(records)["image/encoded"]
+    return [bytes(v[:n]) for v, n in zip(out.values, out.lengths)]
+
+
+def _bare_case(images: list[bytes], nbytes: int) -> Case:
+    import simplejpeg
+
+    def run():
+        for data in images:
+            simplejpeg.decode_jpeg(data, fastdct=True)
+        return len(images)
+    return Case(BARE, run, len(images), nbytes)
+
+
+def _parse_case(path: str, mode: str, records: int, nbytes: int) -> Case:
+    parser = infeed.ExampleParser(_spec(mode))
+    out = parser.allocate(BATCH_SIZE)
+
+    def run():
+        done = 0
+        with infeed.read_records(path) as reader:
+            while batch := reader.read_batch(BATCH_SIZE):
+                parser.parse(batch, out=out)
+                done += len(batch)
+        return done
+    return Case(parse_name(mode), run, records, nbytes)
+
+
+def _tf_pipeline(tf, path: str, mode: str, threads: int, decode_first: bool = False):
+    features = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+                "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def centre(data):
+        shape = tf.io.extract_jpeg_shape(data)
+        height, width = shape[0], shape[1]
+        crop = tf.cast(0.875 * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
+        y, x = (height - crop + 1) // 2, (width - crop + 1) // 2
+        if decode_first:
+            image = tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_FAST")[y:y + crop, x:x + crop]
+        else:
+            image = tf.image.decode_and_crop_jpeg(data, tf.stack([y, x, crop, crop]), channels=3,
+                                                  dct_method="INTEGER_FAST")
+        return tf.image.resize(image, (SIZE, SIZE))
+
+    def random(data):
+        shape = tf.io.extract_jpeg_shape(data)
+        box = tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, [1, 1, 4])
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            shape, box, min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0),
+            max_attempts=10, use_image_if_no_bounding_boxes=True)
+        y, x, _ = tf.unstack(begin)
+        h, w, _ = tf.unstack(size)
+        image = tf.image.decode_and_crop_jpeg(data, tf.stack([y, x, h, w]), channels=3, dct_method="INTEGER_FAST")
+        return tf.image.random_flip_left_right(tf.image.resize(image, (SIZE, SIZE)))
+
+    crop = centre if MODES[mode] == "center_crop" else random
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, features)
+        return crop(example["image/encoded"]), example["image/class/label"]
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    options.threading.max_intra_op_parallelism = 1
+    return (tf.data.TFRecordDataset([path]).map(parse, num_parallel_calls=threads).batch(BATCH_SIZE)
+            .with_options(options))
+
+
+def _tf_case(tf, name: str, pipeline, records: int, nbytes: int) -> Case:
+    def run():
+        return sum(int(images.shape[0]) for images, _ in pipeline)
+    return Case(name, run, records, nbytes)
+
+
+def _check_agreement(tf, path: str) -> tuple[float, float]:
+    """Mean absolute differences (uint8 levels) of the first batch's centre crops: infeed's against tf.data's
+    pipeline, and against the whole image decoded and resized with ``antialias=True`` (the reference where
+    infeed decodes at a DCT scale: tf.data's bilinear resize then aliases and infeed's does not)."""
+    with infeed.read_records(path) as reader:
+        records = reader.read_batch(BATCH_SIZE)
+    ours = infeed.ExampleParser(_spec("centre crop")).parse(records)["image"].astype(np.float32)
+    theirs, _ = next(iter(_tf_pipeline(tf, path, "centre crop", 1)))
+    pipeline = float(np.abs(ours - np.clip(np.floor(theirs.numpy() + 0.5), 0, 255)).mean())
+    reference = []
+    for data in _images_of(records):
+        image = tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_FAST").numpy()
+        y, x, h, w = _central_window(image.shape[0], image.shape[1], 1.0, 0.875)
+        reference.append(tf.image.resize(image[None, y:y + h, x:x + w], (SIZE, SIZE), antialias=True)[0].numpy())
+    antialiased = float(np.abs(ours - np.clip(np.floor(np.stack(reference) + 0.5), 0, 255)).mean())
+    if min(pipeline, antialiased) > 3.0:
+        raise RuntimeError(f"infeed's centre crop differs from tf.data's by {pipeline:.2f} levels on average, "
+                           f"and from an antialiased resize by {antialiased:.2f}")
+    return pipeline, antialiased
+
+
+def _part_cases(images: list[bytes], nbytes: int) -> list[Case]:
+    """The centre crop's parts alone, per image: its JPEG decode at its DCT scale, and its resize kernel."""
+    from infeed.example import _image
+    from infeed.example.image import ImageDecoder
+
+    decoder = ImageDecoder(infeed.Image(size=(SIZE, SIZE)), seed=0, stream=0)
+    out = np.zeros((SIZE, SIZE, 3), np.uint8)
+    plans = []
+    for data in images:
+        height, width = decoder._jpeg_size(data)
+        y, x, h, w = _central_window(height, width, 1.0, 0.875)
+        pixels = decoder._jpeg_pixels(data, height, width, h / SIZE, w / SIZE).copy()
+        s = pixels.shape[0] / height
+        plans.append((data, height, width, h, w, pixels, (y * s, x * s, h * s, w * s)))
+
+    def decode_part():
+        for data, height, width, h, w, _, _ in plans:
+            decoder._jpeg_pixels(data, height, width, h / SIZE, w / SIZE)
+        return len(plans)
+
+    def resize_part():
+        for _, _, _, _, _, pixels, window in plans:
+            _image.resize_into(pixels, *window, out, 0, 0, SIZE, SIZE)
+        return len(plans)
+    return [Case(DECODE_PART, decode_part, len(plans), nbytes), Case(RESIZE_PART, resize_part, len(plans), nbytes)]
+
+
+# ---------------------------------------------------------------------------
+# The suite
+
+
+def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1, 2), quick: bool = False,
+        repeats: int | None = None, scale: float = 1.0, data_dir=None, seed: int = 0,
+        tensorflow: bool = True) -> SuiteResult:
+    """Measures every source size; returns the figures, the ratios against TARGETS, timings and notes."""
+    repeats = repeats if repeats is not None else (3 if quick else 7)
+    result = SuiteResult(SUITE, group_label="source", name_label="pipeline",
+                         params={"sources": list(sources), "repeats": repeats, "warmup": WARMUP,
+                                 "batch_size": BATCH_SIZE, "size": SIZE, "workers": list(workers), "seed": seed})
+    tf = decode._import_tensorflow() if tensorflow else None
+    result.params["tensorflow"] = getattr(tf, "__version__", None)
+    with contextlib.ExitStack() as stack:
+        if data_dir is None:
+            data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="infeed-bench-images-"))
+        os.makedirs(data_dir, exist_ok=True)
+        for source in sources:
+            height, width, full, small = SOURCES[source]
+            records = max(4 * BATCH_SIZE, round((small if quick else full) * scale)) // BATCH_SIZE * BATCH_SIZE
+            log(f"images: writing {records} {source} photos to {data_dir} ...")
+            path, took = _ensure_photos(data_dir, source, records, seed)
+            _measure_source(result, tf, source, path, records, workers, repeats)
+            how = "reused" if took is None else f"written in {took:.1f} s"
+            result.notes.append(f"data: {source}: {records} photos, {os.path.getsize(path) / 1e6:.1f} MB "
+                                f"({os.path.getsize(path) / records / 1e3:.0f} KB each), {how}: {path}")
+    result.notes.append("nothing pinned; the daemon's consumer only takes batches; its rows are the steady state "
+                        "(from batch W to the end); every other row is a whole pass over the file; images/s "
+                        "is records/s; MB/s counts the file's bytes")
+    if tf is not None:
+        result.notes.append(f"tf.data: TensorFlow {tf.__version__}, INTEGER_FAST IDCT (infeed's default), bilinear "
+                            "resize; a T-thread pipeline has a private pool of T threads, num_parallel_calls=T and "
+                            "no intra-op parallelism")
+    else:
+        result.notes.append(decode.TF_MISSING if tensorflow else "tf.data comparison not run (--no-tf)")
+    return result
+
+
+def _measure_source(result: SuiteResult, tf, source: str, path: str, records: int, workers: Sequence[int],
+                    repeats: int) -> None:
+    nbytes = os.path.getsize(path)
+    with infeed.read_records(path) as reader:
+        images = _images_of(list(reader))
+    n_batches = records // BATCH_SIZE
+    cases = [_bare_case(images, nbytes), *_part_cases(images, nbytes)]
+    daemons = []
+    for mode in MODES:
+        cases.append(_parse_case(path, mode, records, nbytes))
+        dataset = infeed.Dataset(path, _spec(mode), batch_size=BATCH_SIZE, num_epochs=1)
+        daemons += [DaemonCase(daemon_name(w, mode), dataset, w, n_batches) for w in workers]
+    cases += [d.case(records, nbytes) for d in daemons]
+    if tf is not None:
+        pipeline, antialiased = _check_agreement(tf, path)
+        result.notes.append(f"{source}: infeed's centre crops of the first batch differ from tf.data's by "
+                            f"{pipeline:.2f} uint8 levels on average, from the whole image resized with "
+                            f"antialias=True by {antialiased:.2f}")
+        cases += [_tf_case(tf, tf_name(mode, t), _tf_pipeline(tf, path, mode, t), records, nbytes)
+                  for mode in MODES for t in workers]
+        cases.append(_tf_case(tf, TF_FULL, _tf_pipeline(tf, path, "centre crop", 1, decode_first=True), records,
+                              nbytes))
+    log(f"images: timing {source} ({len(cases)} cases, {repeats} runs each) ...")
+    settle_allocator()
+    measured = interleave(cases, repeats, WARMUP)
+    steady = {d.name: d for d in daemons}
+    for m in measured:
+        d = steady.get(m.case.name)
+        if d is None:
+            result.figures.append(dataclasses.replace(m.figure(SUITE, source), batches=n_batches))
+            continue
+        lead = d.lead
+        case = Case(d.name, d.run, (n_batches - lead) * BATCH_SIZE, nbytes * (n_batches - lead) // n_batches)
+        result.figures.append(dataclasses.replace(Measurement(case, d.steady[WARMUP:]).figure(SUITE, source),
+                                                  batches=n_batches - lead))
+        result.stages.append({"group": source, "name": d.name, **_stages(d)})
+    _add_ratios(result, source, tf is not None, workers)
+    _add_breakdown(result, source)
+
+
+def _stages(d: DaemonCase) -> dict:
+    doc = d.median_stages().to_json()
+    return {"trainer_wait": doc["trainer_wait"], "consumer_shares": doc["consumer_shares"],
+            "worker_shares": doc["worker_shares"], "workers": len(doc["workers"]), "bottleneck": doc["bottleneck"]}
+
+
+def _add_ratios(result: SuiteResult, source: str, with_tf: bool, workers: Sequence[int]) -> None:
+    pairs = [(daemon_name(1, "centre crop"), BARE), (daemon_name(1, "random resized crop"), BARE),
+             (daemon_name(1, "centre crop"), parse_name("centre crop"))]
+    if with_tf:
+        pairs += [(daemon_name(w, mode), tf_name(mode, w)) for mode in MODES for w in workers]
+        pairs.append((daemon_name(1, "centre crop"), TF_FULL))
+    pairs += [(daemon_name(w, mode), daemon_name(1, mode)) for mode in MODES for w in workers if w > 1]
+    for num, den in pairs:
+        value = result.figure(source, num).records_per_s / result.figure(source, den).records_per_s
+        result.ratios.append(Ratio(SUITE, source, f"{num} / {den}", value, TARGETS.get((num, den), {}).get(source)))
+
+
+def _add_breakdown(result: SuiteResult, source: str) -> None:
+    """Per image: the bare decode, the decode at the centre crop's DCT scale, the resize, the rest of parse."""
+    us = {name: 1e6 / result.figure(source, name).records_per_s
+          for name in (BARE, DECODE_PART, RESIZE_PART, parse_name("centre crop"), daemon_name(1, "centre crop"))}
+    parse = us[parse_name("centre crop")]
+    result.notes.append(
+        f"{source}, where a centre crop's time goes, per image: full-size decode {us[BARE]:,.0f} us; ours: "
+        f"decode at the DCT scale {us[DECODE_PART]:,.0f} us + resize kernel {us[RESIZE_PART]:,.0f} us + the rest "
+        f"of parse (Example, header, Python) {parse - us[DECODE_PART] - us[RESIZE_PART]:,.0f} us = {parse:,.0f} us "
+        f"in one process; the daemon (W=1) takes {us[daemon_name(1, 'centre crop')]:,.0f} us (its worker, the ring, "
+        f"the hand-off)")
