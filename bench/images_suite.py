@@ -292,7 +292,7 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
         os.makedirs(data_dir, exist_ok=True)
         for source in sources:
             height, width, full, small = SOURCES[source]
-            records = max(4 * BATCH_SIZE, round((small if quick else full) * scale)) // BATCH_SIZE * BATCH_SIZE
+            records = max(3 * BATCH_SIZE, round((small if quick else full) * scale)) // BATCH_SIZE * BATCH_SIZE
             log(f"images: writing {records} {source} photos to {data_dir} ...")
             path, took = _ensure_photos(data_dir, source, records, seed)
             _measure_source(result, tf, source, path, records, workers, repeats)
