@@ -69,7 +69,10 @@ class Dataset:
 
     ``files``: a path, glob pattern or URI (``gs://``, ``s3://``, ``hdfs://``, any
     ``pyarrow.fs`` scheme), or a list of them; matched once, when the dataset is made.
-    ``features``: ``{name: FixedLen | VarLen | Bytes}``. ``labels``: the names of
+    ``features``: ``{name: FixedLen | VarLen | Bytes | Image}``; an Image's random crop and flip draw
+    from ``seed`` and the record's ``(epoch, file, record)`` (the same for any worker count, order or
+    resume), and with ``skip_corrupt`` a record whose image does not decode is replaced by a neighbour of
+    its batch (logged) instead of failing. ``labels``: the names of
     the features that are labels (for the estimator, which hands them to
     ``model_fn`` apart); they are decoded like any feature. ``max_record_size``:
     the longest record read (default 256 MiB); a longer one is a

@@ -24,6 +24,7 @@ buffer size, skip_corrupt), the rest is the payload:
   records and canary rows, against the reference parser.
 * 2: ``RecordReader`` over the payload as an uncompressed stream, skip off and on.
 * 3: the same through the GZIP/ZLIB decompressor.
+* 4: an ``infeed.Image`` feature (one of a few specs) decoding the payload as its encoded image.
 
 A crash is any exception other than the ones documented (DecodeError,
 CorruptRecordError), a disagreement with the reference, a canary row
@@ -52,6 +53,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "infeed", "example"))
 with atheris.instrument_imports(include=["reference", "infeed"]):
     import numpy as np
 
+    import image_seeds
     import infeed
     import reference as ref
     from infeed import Bytes, FixedLen, Padded, VarLen
@@ -178,10 +180,36 @@ def fuzz_reader(param, payload, compression=None):
                     _fail(f"yielded a record that is not framed in the input: {r!r:.100}", payload)
 
 
+IMAGE_SPECS = [
+    infeed.Image(size=(16, 16)),
+    infeed.Image(size=(8, 12), resize="random_resized_crop", flip=True, dtype="bfloat16", mean=127, std=64),
+    infeed.Image(size=(10, 10), resize="pad", channels=1, dtype="uint16"),
+    infeed.Image(size=(16, 16), resize=None, channels=4, max_pixels=1 << 16),
+]
+IMAGE_PARSERS = [infeed.ExampleParser({"image": spec}) for spec in IMAGE_SPECS]
+
+
+def fuzz_image(param, payload):
+    """Any bytes as an encoded image: decoded to the spec's shape, or a DecodeError naming the feature."""
+    parser = IMAGE_PARSERS[param % len(IMAGE_PARSERS)]
+    try:
+        out = parser.parse([infeed.encode_example({"image/encoded": payload})], ids=[(param, 0, 1)])
+    except infeed.DecodeError as e:
+        if e.feature != "image/encoded" or e.record_index != 0:
+            _fail(f"DecodeError names the wrong feature or record: {e}", payload)
+        _check_message(e, payload)
+        return
+    if out["image"].shape[1:] != parser.spec["image"].shape:
+        _fail(f"decoded to shape {out['image'].shape}", payload)
+
+
 def TestOneInput(data: bytes):
     if len(data) < 2:
         return
-    target, param, payload = data[0] & 3, data[1], data[2:]
+    target, param, payload = data[0] % 5, data[1], data[2:]
+    if target == 4:
+        fuzz_image(param, payload)
+        return
     if target == 0:
         fuzz_decode(payload)
     elif target == 1:
@@ -215,6 +243,8 @@ def write_seeds(directory: str) -> None:
         seeds.append(bytes([2, 4]) + framed)
         seeds.append(bytes([3, 0x80]) + gzip.compress(framed))
         seeds.append(bytes([3, 0]) + zlib.compress(framed))
+    for i, image in enumerate(image_seeds.seed_images()):
+        seeds.append(bytes([4, i]) + image)
     for i, s in enumerate(seeds):
         with open(os.path.join(directory, f"seed-{i:03d}"), "wb") as f:
             f.write(s)

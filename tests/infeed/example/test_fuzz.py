@@ -17,6 +17,7 @@ import infeed
 from infeed import Bytes, FixedLen, Padded, VarLen
 from infeed.tfrecord import _tfrecord
 
+import image_seeds
 import reference as ref
 
 SCALE = float(os.environ.get("INFEED_FUZZ_SCALE", "1"))
@@ -537,3 +538,37 @@ def test_a_bit_flip_inside_a_deflate_stream_is_reported(tmp_path):
         list(infeed.read_records(path))
     assert info.value.kind in ("compressed_stream", "data_crc", "length_crc", "truncated_data",
                                "truncated_header", "length_exceeds_file")
+
+
+# ---------------------------------------------------------------------------
+# Images
+
+IMAGE_SPECS = [
+    infeed.Image(size=(16, 16)),
+    infeed.Image(size=(8, 12), resize="random_resized_crop", flip=True, dtype="bfloat16", mean=127, std=64),
+    infeed.Image(size=(10, 10), resize="pad", channels=1, dtype="uint16"),
+    infeed.Image(size=(12, 17), resize=None, channels=4, max_pixels=1 << 16),
+]
+
+
+def test_mutated_images_decode_to_the_spec_or_raise_a_decode_error_naming_the_feature():
+    """Each seed image, damaged, through every spec: the spec's shape, or a DecodeError; nothing else, no hang."""
+    rng = random.Random(7)
+    seeds = image_seeds.seed_images()
+    parsers = [infeed.ExampleParser({"image": spec, "id": FixedLen((), "int64")}) for spec in IMAGE_SPECS]
+    outcomes = {"decoded": 0, "DecodeError": 0}
+    for case in range(n_cases(300)):
+        data = mutate(rng, rng.choice(seeds)) if case % 10 else rng.randbytes(rng.randint(0, 64))
+        records = [infeed.encode_example({"image/encoded": seeds[0], "id": 0}),
+                   infeed.encode_example({"image/encoded": data, "id": 1})]
+        for parser in parsers:
+            try:
+                out = parser.parse(records)
+            except infeed.DecodeError as e:
+                assert (e.feature, e.record_index) == ("image/encoded", 1), (str(e), data)
+                assert len(str(e)) < 1024
+                outcomes["DecodeError"] += 1
+                continue
+            assert out["image"].shape[1:] == parser.spec["image"].shape and out["id"].tolist() == [0, 1], data
+            outcomes["decoded"] += 1
+    assert outcomes["decoded"] and outcomes["DecodeError"]
