@@ -20,7 +20,7 @@ row before anything is read or written; every tap index is clamped into the
 image when the taps are computed, so the loops need no checks of their own.
 """
 
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, malloc, free
 from libc.math cimport floor, ceil, fabs, lrintf
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t
 from libc.string cimport memcpy
@@ -91,6 +91,8 @@ cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, 
             ax.first[i] = j
             ax.count[i] = 1
             ax.weights[i * ax.max_taps] = 1.0
+            for k in range(1, ax.max_taps):
+                ax.weights[i * ax.max_taps + k] = 0.0
             continue
         while k > 1 and ax.weights[i * ax.max_taps + k - 1] == 0.0:
             k -= 1
@@ -99,8 +101,9 @@ cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, 
             j += 1
         ax.first[i] = lo + j
         ax.count[i] = k - j
-        for k in range(ax.count[i]):
-            ax.weights[i * ax.max_taps + k] = <float>(ax.weights[i * ax.max_taps + j + k] / total)
+        for k in range(ax.max_taps):          # the taps past count weigh 0 (the 2-tap loops read them)
+            ax.weights[i * ax.max_taps + k] = <float>(ax.weights[i * ax.max_taps + j + k] / total) \
+                if k < ax.count[i] else 0.0
     return 0
 
 
@@ -186,34 +189,51 @@ cdef extern from *:
     INFEED_VERTICAL(infeed_vertical_u8, uint8_t)
     INFEED_VERTICAL(infeed_vertical_u16, uint16_t)
 
-    /* The horizontal taps of one output row of 3 channels, scaled, biased and mirrored when asked. */
-    INFEED_CLONES static void infeed_horizontal3(const float *restrict column, int n, const int *restrict first,
-                                                 const int *restrict count, const float *restrict weights,
-                                                 int max_taps, int flip, const float *restrict scale,
-                                                 const float *restrict bias, float *restrict line) {
-        float s0 = scale[0], s1 = scale[1], s2 = scale[2], b0 = bias[0], b1 = bias[1], b2 = bias[2];
-        for (int x = 0; x < n; x++) {
-            const float *restrict w = weights + (Py_ssize_t)x * max_taps;
-            const float *restrict q = column + (Py_ssize_t)first[x] * 3;
-            float a0, a1, a2;
-            if (count[x] == 2) {
-                a0 = w[0] * q[0] + w[1] * q[3];
-                a1 = w[0] * q[1] + w[1] * q[4];
-                a2 = w[0] * q[2] + w[1] * q[5];
-            } else {
-                a0 = a1 = a2 = 0.0f;
-                for (int k = 0; k < count[x]; k++) {
-                    a0 += w[k] * q[3 * k];
-                    a1 += w[k] * q[3 * k + 1];
-                    a2 += w[k] * q[3 * k + 2];
-                }
+    /* The horizontal taps of one output row of 3 or 4 channels, scaled, biased and mirrored when asked: each
+       output pixel is one 4-float vector (SSE, in every x86-64), the sum of its taps' source pixels read 4 floats
+       at a time, two taps at least (a tap past count weighs 0). With 3 channels the 4th lane spills into the next
+       pixel's first float, which the next pixel (in increasing order of the output, hence the loop's direction
+       when mirroring) then overwrites: ``line`` has one float more than its pixels, ``column`` two pixels and a
+       float of zeros. */
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    static inline __m128 infeed_taps(const float *restrict q, const float *restrict w, int count, int channels) {
+        __m128 acc = _mm_add_ps(_mm_mul_ps(_mm_set1_ps(w[0]), _mm_loadu_ps(q)),
+                                _mm_mul_ps(_mm_set1_ps(w[1]), _mm_loadu_ps(q + channels)));
+        if (__builtin_expect(count != 2, 0)) {      /* weights past count are 0: count 1 reads one more pixel */
+            for (int k = 2; k < count; k++)
+                acc = _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(w[k]), _mm_loadu_ps(q + k * channels)));
+        }
+        return acc;
+    }
+    static void infeed_horizontal_vec(const float *restrict column, int channels, int n, const int *restrict first,
+                                      const int *restrict count, const float *restrict weights, int max_taps,
+                                      int flip, const float *restrict scale, const float *restrict bias,
+                                      float *restrict line) {
+        __m128 s = _mm_setr_ps(scale[0], scale[1], scale[2], channels == 4 ? scale[3] : 0.0f);
+        __m128 b = _mm_setr_ps(bias[0], bias[1], bias[2], channels == 4 ? bias[3] : 0.0f);
+        if (flip) {
+            for (int i = 0; i < n; i++) {
+                int x = n - 1 - i;
+                __m128 acc = infeed_taps(column + (Py_ssize_t)first[x] * channels,
+                                         weights + (Py_ssize_t)x * max_taps, count[x], channels);
+                _mm_storeu_ps(line + (Py_ssize_t)i * channels, _mm_add_ps(_mm_mul_ps(acc, s), b));
             }
-            Py_ssize_t o = (Py_ssize_t)(flip ? n - 1 - x : x) * 3;
-            line[o] = a0 * s0 + b0;
-            line[o + 1] = a1 * s1 + b1;
-            line[o + 2] = a2 * s2 + b2;
+        } else {
+            for (int x = 0; x < n; x++) {
+                __m128 acc = infeed_taps(column + (Py_ssize_t)first[x] * channels,
+                                         weights + (Py_ssize_t)x * max_taps, count[x], channels);
+                _mm_storeu_ps(line + (Py_ssize_t)x * channels, _mm_add_ps(_mm_mul_ps(acc, s), b));
+            }
         }
     }
+    #define INFEED_HORIZONTAL_VEC 1
+    #else
+    static void infeed_horizontal_vec(const float *column, int channels, int n, const int *first, const int *count,
+                                      const float *weights, int max_taps, int flip, const float *scale,
+                                      const float *bias, float *line) {}
+    #define INFEED_HORIZONTAL_VEC 0
+    #endif
     """
     void store_u8 "infeed_store_u8"(const float *line, Py_ssize_t n, uint8_t *dst) noexcept nogil
     void store_u16 "infeed_store_u16"(const float *line, Py_ssize_t n, uint16_t *dst) noexcept nogil
@@ -221,9 +241,10 @@ cdef extern from *:
                                           Py_ssize_t n, float *column) noexcept nogil
     void vertical_u16 "infeed_vertical_u16"(const uint16_t *src, Py_ssize_t stride, const float *w, int taps,
                                             Py_ssize_t n, float *column) noexcept nogil
-    void horizontal3 "infeed_horizontal3"(const float *column, int n, const int *first, const int *count,
-                                          const float *weights, int max_taps, int flip, const float *scale,
-                                          const float *bias, float *line) noexcept nogil
+    bint HORIZONTAL_VEC "INFEED_HORIZONTAL_VEC"
+    void horizontal_vec "infeed_horizontal_vec"(const float *column, int channels, int n, const int *first,
+                                                const int *count, const float *weights, int max_taps, int flip,
+                                                const float *scale, const float *bias, float *line) noexcept nogil
 
 
 cdef void store_line(const float *line, Py_ssize_t n, char *dst, int kind) noexcept nogil:
@@ -273,8 +294,9 @@ cdef void resample(const pixel_t *src, Py_ssize_t src_stride, int channels, Axis
             vertical_u8(p, src_stride, w, ys.count[y], width, column)
         else:
             vertical_u16(p, src_stride, w, ys.count[y], width, column)
-        if channels == 3:
-            horizontal3(column, xs.n, xs.first, xs.count, xs.weights, xs.max_taps, flip, scale, bias, line)
+        if HORIZONTAL_VEC and channels >= 3:
+            horizontal_vec(column, channels, xs.n, xs.first, xs.count, xs.weights, xs.max_taps, flip, scale, bias,
+                           line)
         else:
             for x in range(xs.n):
                 w = xs.weights + x * xs.max_taps
@@ -286,6 +308,14 @@ cdef void resample(const pixel_t *src, Py_ssize_t src_stride, int channels, Axis
                         acc = acc + w[k] * q[channels * k + c]
                     line[o + c] = acc * scale[c] + bias[c]
         store_line(line, <Py_ssize_t>xs.n * channels, out + y * out_stride, kind)
+
+
+cdef object _per_channel(value, int channels):
+    """``value`` as ``channels`` contiguous float32 (as it is when it already is: the decoder's own arrays)."""
+    if type(value) is np.ndarray and value.dtype == np.float32 and value.shape == (channels,) \
+            and value.flags.c_contiguous:
+        return value
+    return np.broadcast_to(np.asarray(value, np.float32), (channels,)).copy()
 
 
 def resize_into(cnp.ndarray image not None, double y0, double x0, double height, double width,
@@ -311,10 +341,8 @@ def resize_into(cnp.ndarray image not None, double y0, double x0, double height,
     if not (out_h > 0 and out_w > 0 and top >= 0 and left >= 0 and top + out_h <= out.shape[0]
             and left + out_w <= out.shape[1]):
         raise ValueError(f"placement ({top}, {left}, {out_h}, {out_w}) is not inside out {(<object>out).shape}")
-    cdef float[::1] s = np.broadcast_to(np.asarray(1.0 if scale is None else scale, np.float32),
-                                        (channels,)).copy()
-    cdef float[::1] b = np.broadcast_to(np.asarray(0.0 if bias is None else bias, np.float32),
-                                        (channels,)).copy()
+    cdef float[::1] s = _per_channel(1.0 if scale is None else scale, channels)
+    cdef float[::1] b = _per_channel(0.0 if bias is None else bias, channels)
     cdef Axis ys, xs
     cdef float *column = NULL
     cdef float *line = NULL
@@ -328,8 +356,9 @@ def resize_into(cnp.ndarray image not None, double y0, double x0, double height,
         if axis_taps(&ys, y0, height, out_h, src_h, antialias) < 0 or \
                 axis_taps(&xs, x0, width, out_w, src_w, antialias) < 0:
             raise MemoryError()
-        column = <float *>malloc(sizeof(float) * src_w * channels)
-        line = <float *>malloc(sizeof(float) * out_w * channels)
+        # zeros past the pixels: the horizontal loops read up to two pixels and a float beyond a last tap
+        column = <float *>calloc(src_w * channels + 12, sizeof(float))
+        line = <float *>malloc(sizeof(float) * (out_w * channels + 1))
         if column == NULL or line == NULL:
             raise MemoryError()
         if image.dtype == np.uint8:
