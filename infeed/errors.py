@@ -6,7 +6,8 @@ import errno
 import signal as _signal
 
 __all__ = ["InfeedError", "CorruptRecordError", "CompressedStreamError", "DecodeError", "CORRUPTION_KINDS",
-           "WorkerDied", "Timeout", "AttachError", "ShmSpaceError", "IndexFileError", "ColumnError", "ConvertError"]
+           "TransformError", "WorkerDied", "Timeout", "AttachError", "ShmSpaceError", "IndexFileError", "ColumnError",
+           "ConvertError"]
 
 #: What `CorruptRecordError.kind` can be, and what each means.
 CORRUPTION_KINDS = {
@@ -97,6 +98,44 @@ class DecodeError(InfeedError, ValueError):
     def __reduce__(self):
         return (type(self), (self.feature, self.record_index, self.expected, self.found,
                              self.path, self.offset))
+
+
+class TransformError(InfeedError):
+    """A dataset's ``transform`` or ``batch_transform`` raised, or returned what its ``outputs`` do not declare.
+
+    Attributes: ``function`` (its qualified name, ``module:name``), ``problem`` (the exception's type and
+    message, or the output that does not match), ``path`` and ``record_index`` (the record, for
+    ``transform``; None for ``batch_transform``), ``epoch`` and ``batch`` (the batch's index in its epoch),
+    ``error_type`` (the name of the exception's type; None for an output that does not match) and
+    ``traceback`` (the exception's traceback, formatted where it was raised; also a note of this error).
+    """
+
+    #: How much of a traceback is kept: its end, where the user's code raised (the ring's error record is 4 KB).
+    TRACEBACK_LIMIT = 1600
+
+    def __init__(self, function, problem, path=None, record_index=None, epoch=None, batch=None, error_type=None,
+                 traceback=""):
+        self.function = function
+        problem = str(problem)
+        self.problem = problem if len(problem) <= 400 else problem[:400] + "..."
+        self.path = path
+        self.record_index = record_index
+        self.epoch = epoch
+        self.batch = batch
+        self.error_type = error_type
+        limit = self.TRACEBACK_LIMIT
+        self.traceback = traceback if len(traceback) <= limit else "..." + traceback[-limit:]
+        where = f"epoch {epoch}, batch {batch}"
+        if record_index is not None:
+            where = f"{path}: record {record_index} ({where})"
+        stage = "batch_transform" if record_index is None else "transform"
+        super().__init__(f"{where}: {stage} {function}: {self.problem}")
+        if self.traceback:
+            self.add_note(f"The {stage}'s traceback, in the worker:\n{self.traceback.rstrip()}")
+
+    def __reduce__(self):
+        return (type(self), (self.function, self.problem, self.path, self.record_index, self.epoch, self.batch,
+                             self.error_type, self.traceback))
 
 
 class WorkerDied(InfeedError):

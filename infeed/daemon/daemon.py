@@ -42,7 +42,8 @@ def _worker_environment() -> dict:
 
 
 def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, int]) -> list:
-    """Starts ``workers`` processes (``python -m infeed.daemon.worker``) producing ``dataset`` into ``ring``."""
+    """Starts ``workers`` processes (``python -m infeed.daemon.worker``) producing ``dataset`` into ``ring``;
+    they import its transforms with this process's ``sys.path`` after their own."""
     procs = []
     env = _worker_environment()
     try:
@@ -51,7 +52,7 @@ def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, 
                                     close_fds=True)
             procs.append(proc)
             config = {"ring": ring.name, "worker": k, "workers": workers, "start": list(start),
-                      "dataset": dataset.to_json()}
+                      "dataset": dataset.to_json(), "sys_path": sys.path}
             proc.stdin.write(json.dumps(config).encode())
             proc.stdin.close()
     except BaseException:

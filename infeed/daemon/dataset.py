@@ -25,6 +25,10 @@ The order, per epoch ``e`` (0, 1, ...):
 Epochs follow each other (``num_epochs=None``: forever); with
 ``steps_per_slot=K`` every K consecutive batches share one ring slot as
 ``[K, B, ...]`` arrays, and only the very last slot may hold fewer.
+
+``transform`` and ``batch_transform`` (see :mod:`infeed.daemon.transforms` and
+docs/transforms.md) run the user's functions on the decoded records in the
+workers; the slots then hold the arrays ``outputs`` declares.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 
+from infeed.daemon.functions import load_function
+from infeed.daemon.transforms import check_outputs, outputs_to_json
 from infeed.example.codec import ExampleParser
-from infeed.example.spec import spec_from_json, spec_to_json
+from infeed.example.spec import Padded, spec_from_json, spec_to_json
 from infeed.tfrecord.files import expand_files
 from infeed.tfrecord.reader import COMPRESSIONS, MAX_RECORD_SIZE, read_records
 
@@ -47,6 +53,8 @@ PADDING_KEY = "is_padding"
 
 _FINAL_BATCH = ("drop", "pad")
 _SHUFFLE = ("buffer", "global")
+#: The settings of the user's transforms: left out of the fingerprint when unset (older states still resume).
+_TRANSFORM_SETTINGS = ("transform", "batch_transform", "outputs")
 
 
 def _positive(name: str, value, *, zero: bool = False) -> int:
@@ -77,6 +85,13 @@ class Dataset:
     ``model_fn`` apart); they are decoded like any feature. ``max_record_size``:
     the longest record read (default 256 MiB); a longer one is a
     ``CorruptRecordError`` of kind ``record_too_large`` naming file and offset.
+
+    ``transform``: a function ``(example, rng) -> dict`` run in the workers on each decoded record
+    (``example`` is ``{name: numpy view of its row}``; ``rng``, passed when the function takes a second
+    parameter, is the record's ``numpy.random.Generator``). ``batch_transform``: ``(batch, rng) -> dict``
+    on each batch's real rows, after ``transform``. Each is a module-level function or its
+    ``"module:function"`` name: the workers import it by that name. ``outputs``: what they return, one
+    example's ``{name: (shape, dtype)}``, which the batches then hold (see docs/transforms.md).
     """
 
     def __init__(self, files: str | os.PathLike | Sequence, features: Mapping, batch_size: int, *,
@@ -84,15 +99,27 @@ class Dataset:
                  seed: int = 0, num_epochs: int | None = 1, final_batch: str = "drop",
                  shard_index: int = 0, num_shards: int = 1, steps_per_slot: int = 1,
                  compression: str | None = "auto", skip_corrupt: bool = False,
-                 labels: str | Sequence[str] | None = None, max_record_size: int = MAX_RECORD_SIZE):
+                 labels: str | Sequence[str] | None = None, max_record_size: int = MAX_RECORD_SIZE,
+                 transform=None, batch_transform=None, outputs: Mapping | None = None):
         self.paths = tuple(files) if isinstance(files, _Matched) else tuple(expand_files(files))
         self._file_numbers = {path: i for i, path in enumerate(self.paths)}
         self.features = dict(features)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         self.parser = ExampleParser(self.features, seed=seed, skip_corrupt=skip_corrupt)    # checks the spec
-        if PADDING_KEY in self.features and final_batch == "pad":
-            raise ValueError(f"a feature named {PADDING_KEY!r} clashes with the padding mask of final_batch='pad'")
+        self.transform = None if transform is None else load_function(transform, "transform")
+        self.batch_transform = None if batch_transform is None else load_function(batch_transform, "batch_transform")
+        transformed = self.transform is not None or self.batch_transform is not None
+        if transformed and outputs is None:
+            raise ValueError("transform and batch_transform need outputs: one example's {name: (shape, dtype)} "
+                             "as they return it")
+        if outputs is not None and not transformed:
+            raise ValueError("outputs declares what transform or batch_transform return, and neither is given")
+        self.outputs = None if outputs is None else check_outputs(outputs)
+        names = self.outputs if transformed else self.features
+        what = "an output" if transformed else "a feature"
+        if PADDING_KEY in names and final_batch == "pad":
+            raise ValueError(f"{what} named {PADDING_KEY!r} clashes with the padding mask of final_batch='pad'")
         self.batch_size = _positive("batch_size", batch_size)
         self.shuffle_files = bool(shuffle_files)
         self.shuffle_buffer = _positive("shuffle_buffer", shuffle_buffer, zero=True)
@@ -114,11 +141,12 @@ class Dataset:
         self.compression = compression
         self.skip_corrupt = bool(skip_corrupt)
         self.max_record_size = _positive("max_record_size", max_record_size)
-        names = [labels] if isinstance(labels, str) else list(labels or ())
-        missing = [n for n in names if n not in self.features]
+        labels = [labels] if isinstance(labels, str) else list(labels or ())
+        missing = [n for n in labels if n not in names]
         if missing:
-            raise ValueError(f"labels {missing} are not features of the spec ({sorted(self.features)})")
-        self.labels = tuple(names)
+            raise ValueError(f"labels {missing} are not {'outputs' if transformed else 'features of the spec'} "
+                             f"({sorted(names)})")
+        self.labels = tuple(labels)
 
     # --- derived ------------------------------------------------------------------------------
     @property
@@ -177,15 +205,21 @@ class Dataset:
                             max_record_size=self.max_record_size)
 
     def template(self) -> dict:
-        """One batch's arrays (``{name: (shape, dtype)}``) as a ring slot holds them."""
-        out = self.parser.allocate(0)
-        layout = {}
-        for name, arr in out.items():
-            if hasattr(arr, "lengths"):
-                layout[name] = type(arr)((((self.batch_size,) + arr.values.shape[1:]), arr.values.dtype),
-                                         ((self.batch_size,), arr.lengths.dtype))
-            else:
-                layout[name] = ((self.batch_size,) + arr.shape[1:], arr.dtype)
+        """One batch's arrays (``{name: (shape, dtype)}``) as a ring slot holds them: the decoded features,
+        or with transforms, their ``outputs``."""
+        def batch_of(spec):
+            shape, dtype = spec
+            return (self.batch_size, *shape), dtype
+
+        def example_of(arr):
+            return arr.shape[1:], arr.dtype
+
+        example = self.outputs
+        if example is None:
+            example = {name: Padded(example_of(a.values), example_of(a.lengths)) if isinstance(a, Padded)
+                       else example_of(a) for name, a in self.parser.allocate(0).items()}
+        layout = {name: Padded(batch_of(spec.values), batch_of(spec.lengths)) if isinstance(spec, Padded)
+                  else batch_of(spec) for name, spec in example.items()}
         if self.final_batch == "pad":
             layout[PADDING_KEY] = ((self.batch_size,), "bool")
         return layout
@@ -196,17 +230,23 @@ class Dataset:
 
     def identity(self) -> dict:
         """What :meth:`fingerprint` digests, setting by setting: the files and the feature spec as
-        digests, the others as they are. A feed's state carries it, so that a resume with another
-        dataset names the settings that differ."""
+        digests (and the outputs of transforms), the others as they are. A feed's state carries it, so
+        that a resume with another dataset names the settings that differ."""
         doc = self._sequence_settings()
         files, features = doc.pop("files"), doc.pop("features")
+        if "outputs" in doc:
+            doc["outputs"] = f"sha256 {_digest(doc['outputs'])}"
         return {"files": f"{len(files)} files, sha256 {_digest(files)}", "features": f"sha256 {_digest(features)}",
                 **doc}
 
     def _sequence_settings(self) -> dict:
-        """The settings that fix the batch sequence, but for the seed (checked apart)."""
+        """The settings that fix the batch sequence, but for the seed (checked apart): the transforms' by
+        their names and outputs, when there are any."""
         doc = self.to_json()
         del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"], doc["max_record_size"]
+        for name in _TRANSFORM_SETTINGS:
+            if doc[name] is None:
+                del doc[name]
         return doc
 
     # --- JSON ---------------------------------------------------------------------------------
@@ -219,7 +259,10 @@ class Dataset:
                 "shard_index": self.shard_index, "num_shards": self.num_shards,
                 "steps_per_slot": self.steps_per_slot, "compression": self.compression,
                 "skip_corrupt": self.skip_corrupt, "labels": list(self.labels),
-                "max_record_size": self.max_record_size}
+                "max_record_size": self.max_record_size,
+                "transform": None if self.transform is None else self.transform.name,
+                "batch_transform": None if self.batch_transform is None else self.batch_transform.name,
+                "outputs": None if self.outputs is None else outputs_to_json(self.outputs)}
 
     @classmethod
     def from_json(cls, doc: Mapping, *, matched: bool = False) -> "Dataset":
@@ -246,5 +289,7 @@ class Dataset:
         return Dataset.from_json({**self.to_json(), **changes}, matched=True)
 
     def __repr__(self) -> str:
+        transforms = "".join(f", {name}={f.name}" for name, f in (("transform", self.transform),
+                                                                  ("batch_transform", self.batch_transform)) if f)
         return (f"Dataset({len(self.paths)} files, batch_size={self.batch_size}, "
-                f"features={list(self.features)}, seed={self.seed})")
+                f"features={list(self.features)}, seed={self.seed}{transforms})")

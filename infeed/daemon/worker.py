@@ -7,6 +7,10 @@ consecutive batches) is built by worker ``u mod W`` into slot ``u mod S``;
 the slot count is a multiple of ``W``, so each slot has one producer and the
 consumer finds unit ``u`` exactly where it looks for it.
 
+With transforms, a batch is decoded into the worker's own arrays and the user's
+functions write the slot (:mod:`infeed.daemon.transforms`); they are imported by
+name, with the daemon's ``sys.path`` after the worker's own.
+
 A failure (a corrupt record, a record that does not meet the spec) is written
 to the ring's error record and, by the worker that owns the batch where it
 happened, published in that batch's slot, so the consumer raises it right
@@ -26,6 +30,7 @@ import time
 
 from infeed.daemon.dataset import PADDING_KEY, Dataset
 from infeed.daemon.plan import epoch_batches, exists, record_offset
+from infeed.daemon.transforms import TransformStage
 from infeed.errors import DecodeError, InfeedError
 from infeed.example.spec import Padded
 from infeed.ring import Ring
@@ -52,6 +57,7 @@ class Producer:
         self.ds, self.ring, self.index, self.workers = dataset, ring, index, workers
         self.start = start
         self.parser = dataset.parser
+        self._transforms = TransformStage(dataset) if dataset.outputs is not None else None
         self._views: dict = {}
         self._last_check = 0.0
         self._waiting_since: int | None = None    # monotonic_ns when the wait for a free slot began, while it lasts
@@ -92,12 +98,13 @@ class Producer:
             views = self._views[(slot, step)] = self.ring.slot_arrays(slot, step)
         return views
 
-    def _fill(self, slot: int, step: int, planned) -> tuple[int, int]:
-        """Decodes ``planned`` into step ``step`` of ``slot``, zero rows after its records and
-        the padding mask; returns (records, bytes) decoded."""
+    def _fill(self, slot: int, step: int, planned, epoch: int) -> tuple[int, int]:
+        """Decodes ``planned`` (a batch of ``epoch``) into step ``step`` of ``slot`` (through the transforms,
+        if any), zero rows after its records and the padding mask; returns (records, bytes) decoded."""
         views = self._slot_views(slot, step)
+        transforms = self._transforms
         try:
-            n, nbytes = planned.fill(self.parser, views)
+            n, nbytes = planned.fill(self.parser, views if transforms is None else transforms.decoded)
         except DecodeError as e:
             path, index, offset = planned.where(e.record_index)
             if offset is None:
@@ -108,6 +115,8 @@ class Producer:
             _log.warning("%s: record %d: feature %r: expected %s, found %s; skipped (skip_corrupt): the batch "
                          "repeats a neighbouring record in its place", path, index, error.feature, error.expected,
                          error.found)
+        if transforms is not None and exists(self.ds, n):
+            transforms.run(views, n, epoch, planned.index, planned.where)
         if n < self.ds.batch_size:
             for arr in views.values():
                 for part in (arr if isinstance(arr, Padded) else (arr,)):
@@ -141,10 +150,11 @@ class Producer:
                             slot = self._acquire(unit)
                         before = stage_totals()
                         began = time.monotonic_ns()
-                        count, nbytes = self._fill(slot, step, planned)
+                        count, nbytes = self._fill(slot, step, planned, epoch)
                         filled = time.monotonic_ns() - began
                         after = stage_totals()
-                        # Decoding is the fill's time less the reads (inflating included) and CRCs within it.
+                        # Decoding (transforms included) is the fill's time less the reads (inflating included)
+                        # and CRCs within it.
                         decode_ns = filled - (after[0] - before[0]) - (after[2] - before[2])
                         waited, self._wait_ns = self._wait_ns, 0
                         if not exists(ds, count):    # read as decoded: the epoch ended before this batch
@@ -217,6 +227,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the trainer's to handle
     _keep_freed_memory()
     config = json.load(sys.stdin)
+    sys.path += [path for path in config.get("sys_path", ()) if path not in sys.path]    # for the transforms
     ds = Dataset.from_json(config["dataset"], matched=True)
     ring = Ring.attach(config["ring"], ds.template(), steps_per_slot=ds.steps_per_slot, populate=True)
     index = int(config["worker"])

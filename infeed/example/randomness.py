@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["record_generator", "STREAM_IMAGE", "STREAM_TRANSFORM"]
+__all__ = ["record_generator", "STREAM_IMAGE", "STREAM_TRANSFORM", "STREAM_BATCH_TRANSFORM"]
 
 #: Streams of a record: one per image feature (``STREAM_IMAGE + its position in the spec``), the user's transforms.
 STREAM_TRANSFORM = 1
+#: The stream of a dataset's ``batch_transform``, whose ids are ``(epoch, shard_index, batch)``.
+STREAM_BATCH_TRANSFORM = 2
 STREAM_IMAGE = 1 << 16
 
 _U64 = (1 << 64) - 1

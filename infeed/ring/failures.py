@@ -41,9 +41,11 @@ def encode_failure(error: BaseException | str, limit: int) -> bytes:
     if isinstance(error, str):
         record = {"message": error}
     else:
+        formatted = traceback.TracebackException.from_exception(error)
+        if type(error).__module__ == errors_module.__name__:
+            formatted.__notes__ = None          # rebuilt from its arguments, its own notes with it
         record = {"message": f"{type(error).__name__}: {error}", "type": type(error).__name__,
-                  "module": type(error).__module__,
-                  "traceback": "".join(traceback.format_exception(error))[-2048:]}
+                  "module": type(error).__module__, "traceback": "".join(formatted.format())[-2048:]}
         reduced = error.__reduce__()
         args = reduced[1] if isinstance(reduced, tuple) and len(reduced) > 1 else error.args
         try:

@@ -16,7 +16,7 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from infeed.example.spec import Padded
+from infeed.example.spec import Padded, numpy_dtype
 from infeed.ring import _ring
 from infeed.tfrecord._tfrecord import STAGE_TOTALS
 
@@ -119,12 +119,18 @@ def layout_of(template: Mapping[str, Any]) -> dict:
     return out
 
 
+def _dtype_str(dtype: np.dtype) -> str:
+    """``dtype`` as the layout stores it: its ``str`` (byte order and size), bfloat16 by name (its ``str``, ``<V2``,
+    would read back as raw bytes)."""
+    return "bfloat16" if dtype.kind == "V" and dtype.name == "bfloat16" else dtype.str
+
+
 def layout_json(layout: dict, steps_per_slot: int) -> bytes:
     """The layout as the segment stores it (and hashes it, to check attachers' templates)."""
     fields = []
     for name, f in layout.items():
         parts = [f.values, f.lengths] if isinstance(f, Padded) else [f]
-        fields.append([name, isinstance(f, Padded), [[list(s), d.str] for s, d in parts]])
+        fields.append([name, isinstance(f, Padded), [[list(s), _dtype_str(d)] for s, d in parts]])
     return json.dumps({"steps_per_slot": steps_per_slot, "fields": fields}, separators=(",", ":")).encode()
 
 
@@ -133,7 +139,7 @@ def layout_from_json(data: bytes) -> tuple[dict, int]:
     doc = json.loads(data)
     layout = {}
     for name, padded, parts in doc["fields"]:
-        parts = [(tuple(s), np.dtype(d)) for s, d in parts]
+        parts = [(tuple(s), numpy_dtype(d)) for s, d in parts]
         layout[name] = Padded(*parts) if padded else parts[0]
     return layout, int(doc["steps_per_slot"])
 

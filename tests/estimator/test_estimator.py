@@ -104,6 +104,30 @@ def test_train_evaluate_predict(files, tmp_path):
         e.export(tmp_path / "export", {"x": est.TensorSpec((None, D), "float32")})
 
 
+def test_a_dataset_with_a_transform_trains_and_evaluates_on_the_transforms_outputs(files, tmp_path):
+    import transforms_for_tests as tx
+
+    seen = {}
+
+    def model_on_xx(variables, features, labels, mode, params):
+        seen[mode] = {"labels": (labels.shape, labels.dtype), **{k: (v.shape, v.dtype) for k, v in features.items()}}
+        x = (features["xx"][:, :D] - features["xx"][:, D:]) / 2            # x, if the second half is -x
+        return model_fn(variables, {"x": x}, labels, mode, params)
+
+    def input_fn(name, **kw):
+        return lambda params: infeed.Dataset(files[name], SPEC, batch_size=params["batch_size"], labels="label",
+                                             transform="transforms_for_tests:with_negated",
+                                             outputs=tx.NEGATED_OUTPUTS, **kw)
+
+    config = est.RunConfig(model_dir=str(tmp_path), iterations_per_loop=10, save_checkpoints_steps=50)
+    e = est.Estimator(model_on_xx, init_fn, optax.adam(1e-2), config, train_batch_size=32, eval_batch_size=64)
+    e.train(input_fn("train", shuffle_buffer=100, num_epochs=None), max_steps=60)
+    result = e.evaluate(input_fn("eval"))
+    assert result["examples"] == 257 and result["accuracy"] > 0.9
+    assert seen[est.ModeKeys.TRAIN] == {"labels": ((32,), jnp.int32), "xx": ((32, 2 * D), jnp.float32)}
+    assert seen[est.ModeKeys.EVAL]["xx"] == ((64, 2 * D), jnp.float32)
+
+
 def test_a_stopped_run_resumes_to_the_weights_of_an_uninterrupted_one(files, tmp_path):
     whole = make(tmp_path / "whole", k=7).train(train_input(files), max_steps=40).get_variables()
     make(tmp_path / "split", k=7).train(train_input(files), max_steps=20)      # 20 = 2 loops of 7 + 6

@@ -183,6 +183,15 @@ def test_attach_without_template_recovers_the_layout(ring):
     assert os.path.exists(ring.path)  # closing an attached ring never unlinks
 
 
+def test_bfloat16_arrays_stay_bfloat16_in_the_slots_and_for_attachers():
+    import ml_dtypes
+
+    template = {"x": ((4, 2), ml_dtypes.bfloat16), "y": ((4,), "float16")}
+    with Ring.create(template, slots=1, lock_memory=False) as r, Ring.attach(r.name, template) as other:
+        assert other.slot_arrays(0)["x"].dtype == r.slot_arrays(0)["x"].dtype == np.dtype(ml_dtypes.bfloat16)
+        assert other.layout == layout_of(template)
+
+
 # --- hand-off -------------------------------------------------------------------------------
 
 def test_batches_arrive_in_order_across_processes_through_few_slots(ring):
