@@ -33,6 +33,7 @@ setup(
         "jax==0.10.2",
         "jaxlib==0.10.2",
         "numpy>=2.0,<3",
+        "ml_dtypes>=0.5,<0.7",          # bfloat16 outputs (numpy knows "bfloat16" once it is imported); jax needs >=0.5
         "pyarrow>=16,<27",
         "optax==0.2.8",
         "orbax-checkpoint==0.12.8",

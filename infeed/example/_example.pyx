@@ -25,7 +25,7 @@ visible on the line before it; that is why bounds checking is off.
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, int32_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int8_t, int16_t, int32_t, int64_t
 from libc.string cimport memcpy, memcmp, memset
 
 import numpy as np
@@ -44,11 +44,16 @@ DEF KIND_BYTES = 1
 DEF KIND_FLOAT = 2
 DEF KIND_INT64 = 3
 
-# Output element types.
+# Output element types: float32 and the narrower floats read float_list, the integers int64_list.
 DEF OUT_F32 = 0
 DEF OUT_I64 = 1
 DEF OUT_I32 = 2
 DEF OUT_U8 = 3
+DEF OUT_BF16 = 4
+DEF OUT_F16 = 5
+DEF OUT_I8 = 6
+DEF OUT_I16 = 7
+DEF OUT_U16 = 8
 
 # Layouts.
 DEF LAYOUT_FIXED = 0
@@ -249,17 +254,88 @@ cdef struct Sink:
     int64_t range_value    # for E_RANGE
 
 
+cdef inline int put_small_int(Sink *s, int64_t v) noexcept nogil:
+    """Stores ``v`` as the sink's 8- or 16-bit integer type: -1 (``range_value`` set) when it does not fit."""
+    if s.out_type == OUT_U8 and 0 <= v <= 255:
+        (<uint8_t *>s.dst)[s.count] = <uint8_t>v
+    elif s.out_type == OUT_I8 and -128 <= v <= 127:
+        (<int8_t *>s.dst)[s.count] = <int8_t>v
+    elif s.out_type == OUT_U16 and 0 <= v <= 65535:
+        (<uint16_t *>s.dst)[s.count] = <uint16_t>v
+    elif s.out_type == OUT_I16 and -32768 <= v <= 32767:
+        (<int16_t *>s.dst)[s.count] = <int16_t>v
+    else:
+        s.range_value = v
+        return -1
+    return 0
+
+
 cdef inline int put_i64(Sink *s, int64_t v) noexcept nogil:
     if s.count < s.cap:
         if s.out_type == OUT_I64:
             (<int64_t *>s.dst)[s.count] = v
-        else:
+        elif s.out_type == OUT_I32:
             if v < -2147483648 or v > 2147483647:
                 s.range_value = v
                 return -1
             (<int32_t *>s.dst)[s.count] = <int32_t>v
+        elif put_small_int(s, v) < 0:
+            return -1
     s.count += 1
     return 0
+
+
+cdef inline uint16_t bfloat16_bits(uint32_t x) noexcept nogil:
+    """The bfloat16 nearest the float32 of bits ``x`` (ties to even), as ml_dtypes casts: a value
+    past bfloat16's largest finite one becomes inf, a NaN the quiet NaN of its sign."""
+    if (x & 0x7fffffffu) > 0x7f800000u:
+        return <uint16_t>(((x >> 16) & 0x8000u) | 0x7fc0u)
+    return <uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)
+
+
+cdef inline uint32_t choose(bint condition, uint32_t yes, uint32_t no) noexcept nogil:
+    """``yes if condition else no``, without a branch."""
+    return no ^ ((yes ^ no) & (0u - <uint32_t>condition))
+
+
+cdef inline uint16_t float16_bits(uint32_t x) noexcept nogil:
+    """The float16 nearest the float32 of bits ``x`` (ties to even), as numpy casts: 65520 and
+    beyond become inf, below 2**-25 zero, a NaN keeps the top 10 bits of its payload (and stays a NaN).
+
+    Every case is computed and one chosen, without branches, so that loops over it vectorise."""
+    cdef uint32_t a = x & 0x7fffffffu
+    cdef uint32_t payload = (a & 0x7fffffu) >> 13
+    cdef uint32_t subnormal, h
+    cdef float f
+    # Below 2**-14, a subnormal float16 (or zero): added to 0.5f, whose ulp is their step 2**-24, the
+    # value is rounded to nearest even by the FPU and the count of steps is left in the low bits.
+    memcpy(&f, &a, 4)
+    f += <float>0.5
+    memcpy(&subnormal, &f, 4)
+    subnormal -= 0x3f000000u
+    # A normal float16: the exponent rebiased by 127 - 15, 13 bits rounded off (a carry goes to the exponent).
+    h = choose(a >= 0x38800000u, (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13, subnormal)
+    h = choose(a >= 0x477ff000u, 0x7c00u, h)
+    h = choose(a > 0x7f800000u, 0x7c00u + payload + (payload == 0), h)
+    return <uint16_t>(((x >> 16) & 0x8000u) | h)
+
+
+cdef inline void put_floats(char *dst, int64_t at, int out_type, const uint8_t *src, int64_t n) noexcept nogil:
+    """Stores ``n`` little-endian float32 values from ``src`` as elements ``at...`` of ``dst``, an array of
+    ``out_type`` (float32: copied; bfloat16, float16: converted)."""
+    cdef int64_t i
+    cdef uint32_t x
+    cdef uint16_t *half = <uint16_t *>dst + at
+    if out_type == OUT_F32:
+        memcpy(dst + 4 * at, src, 4 * n)
+    elif out_type == OUT_BF16:
+        for i in range(n):
+            memcpy(&x, src + 4 * i, 4)
+            half[i] = bfloat16_bits(x)
+    else:
+        for i in range(n):
+            memcpy(&x, src + 4 * i, 4)
+            half[i] = float16_bits(x)
 
 
 cdef struct RunWalk:
@@ -336,14 +412,14 @@ cdef int fill_numbers(Cursor entry, int kind, int run_start, Sink *s, Error *err
                 if room > n:
                     room = n
                 if room > 0:
-                    memcpy(s.dst + 4 * s.count, packed.p, 4 * room)
+                    put_floats(s.dst, s.count, s.out_type, packed.p, room)
                 s.count += n
             elif kind == KIND_FLOAT and lw == 5:
                 if lst.end - lst.p < 4:
                     err.what = "fixed32 runs past the end of its message"
                     return -1
                 if s.count < s.cap:
-                    memcpy(s.dst + 4 * s.count, lst.p, 4)
+                    put_floats(s.dst, s.count, s.out_type, lst.p, 1)
                 s.count += 1
                 lst.p += 4
             elif kind == KIND_INT64 and lw == 2:
@@ -546,7 +622,7 @@ cdef bint fast_row(Plan *pl, Cursor entry, char *dst, Py_ssize_t row, const uint
         n //= 4
         if (pl.layout == LAYOUT_FIXED and n != pl.count) or n > pl.count:
             return False
-        memcpy(dst, payload.p, 4 * n)
+        put_floats(dst, 0, pl.out_type, payload.p, n)
     else:
         sink.dst = dst
         sink.cap = pl.count
@@ -699,7 +775,11 @@ cdef int decode_row(const uint8_t *rec, Py_ssize_t n, Plan *plan, int nfeat, con
     return 0
 
 
-cdef dict _OUT_TYPES = {"float32": OUT_F32, "int64": OUT_I64, "int32": OUT_I32, "uint8": OUT_U8}
+cdef dict _OUT_TYPES = {"float32": OUT_F32, "int64": OUT_I64, "int32": OUT_I32, "uint8": OUT_U8,
+                        "bfloat16": OUT_BF16, "float16": OUT_F16, "int8": OUT_I8, "int16": OUT_I16, "uint16": OUT_U16}
+#: Bytes per element of each output type.
+cdef dict _ITEM_BYTES = {OUT_F32: 4, OUT_I64: 8, OUT_I32: 4, OUT_U8: 1, OUT_BF16: 2, OUT_F16: 2, OUT_I8: 1, OUT_I16: 2,
+                         OUT_U16: 2}
 cdef dict _LAYOUTS = {"fixed": LAYOUT_FIXED, "varlen": LAYOUT_VARLEN, "bytes": LAYOUT_BYTES, "span": LAYOUT_SPAN}
 cdef dict _KINDS = {"bytes": KIND_BYTES, "float": KIND_FLOAT, "int64": KIND_INT64}
 
@@ -886,8 +966,7 @@ cdef class CompiledSpec:
 
     cdef Py_ssize_t _row_bytes(self, int i):
         cdef Plan *pl = &self.plan[i]
-        cdef Py_ssize_t item = 1 if pl.out_type == OUT_U8 else (8 if pl.out_type == OUT_I64 else 4)
-        return pl.count * item
+        return pl.count * _ITEM_BYTES[pl.out_type]
 
     cdef object _error(self, Error *err, Py_ssize_t index):
         name = self.names[err.feature] if err.feature >= 0 else None
@@ -976,7 +1055,7 @@ def decode_example(record, Py_ssize_t record_index=0):
                 sink.dst = NULL
                 sink.cap = 0
                 sink.count = 0
-                sink.out_type = OUT_I64
+                sink.out_type = OUT_F32 if kind == KIND_FLOAT else OUT_I64
                 if fill_numbers(entry, kind, run_start, &sink, &err) < 0:
                     raise DecodeError(name, record_index, "a Feature message",
                                       f"invalid protobuf: {err.what.decode()}", offset=start)

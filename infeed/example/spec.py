@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import ml_dtypes  # noqa: F401  (registers "bfloat16" with numpy: np.dtype("bfloat16") works once imported)
 import numpy as np
 
 __all__ = ["FixedLen", "VarLen", "Bytes", "Image", "Padded", "Feature", "RESIZE_MODES", "IMAGE_DTYPES",
@@ -23,16 +24,16 @@ RESIZE_MODES = ("center_crop", "random_resized_crop", "pad", None)
 IMAGE_DTYPES = ("uint8", "uint16", "float32", "float16", "bfloat16")
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
-#: Numeric dtypes a spec may ask for, and the Example kind each is read from.
-NUMERIC_DTYPES = {"float32": "float", "int64": "int64", "int32": "int64"}
+#: Numeric dtypes a spec may ask for, and the Example kind each is read from. The decoder converts the
+#: float32 values to bfloat16 and float16 (to nearest, ties to even, as numpy's ``astype``) and checks that
+#: each int64 value fits the integer types narrower than int64.
+NUMERIC_DTYPES = {"float32": "float", "bfloat16": "float", "float16": "float",
+                  "int64": "int64", "int32": "int64", "int16": "int64", "uint16": "int64", "int8": "int64",
+                  "uint8": "int64"}
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype of a spec's dtype name (``bfloat16`` through ml_dtypes, which numpy does not know by name)."""
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
+    """The numpy dtype of a spec's dtype name (``bfloat16``: ml_dtypes', known by name since this module imports it)."""
     return np.dtype(name)
 
 
@@ -47,6 +48,20 @@ def _check_dtype(owner: str, dtype) -> str:
     return name
 
 
+def _in_dtype(value, dtype: str) -> np.ndarray:
+    """``value`` as an array of ``dtype``; a ValueError unless it is representable there: integers
+    exactly, floats without overflowing to inf (rounded to the nearest otherwise, as the decoder does)."""
+    with np.errstate(all="ignore"):
+        converted = np.asarray(value, dtype=dtype)
+        if NUMERIC_DTYPES[dtype] == "int64":
+            lost = not np.array_equal(converted, np.asarray(value))
+        else:
+            lost = bool(np.any(np.isinf(converted) & np.isfinite(np.asarray(value, dtype=np.float64))))
+    if lost:
+        raise ValueError(f"not representable in {dtype}")
+    return converted
+
+
 def _check_count(owner: str, field: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{owner}.{field} must be a non-negative int, got {value!r}")
@@ -58,10 +73,15 @@ class FixedLen:
     """A feature with exactly ``prod(shape)`` values in every record.
 
     shape: the per-record shape, ``()`` for a scalar.
-    dtype: ``"float32"`` (float_list), ``"int64"`` or ``"int32"`` (int64_list;
-        int32 checks each value's range).
+    dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (float_list; the
+        last two rounded to nearest even from float32, too large -> inf) or
+        ``"int64"``, ``"int32"``, ``"int16"``, ``"uint16"``, ``"int8"``,
+        ``"uint8"`` (int64_list; a value outside the type's range is a
+        DecodeError).  The narrow types halve or quarter what the ring holds and
+        the device receives.
     default: used when a record lacks the feature; a scalar (broadcast) or an
-        array of ``shape``.  Without one, a missing feature is a DecodeError.
+        array of ``shape``, representable in ``dtype`` (integers exactly, floats
+        without overflow).  Without one, a missing feature is a DecodeError.
     """
 
     shape: tuple = ()
@@ -79,7 +99,7 @@ class FixedLen:
         object.__setattr__(self, "dtype", _check_dtype("FixedLen", self.dtype))
         if self.default is not None:
             try:
-                row = np.broadcast_to(np.asarray(self.default, dtype=self.dtype), self.shape)
+                row = np.broadcast_to(_in_dtype(self.default, self.dtype), self.shape)
             except (ValueError, TypeError, OverflowError) as e:
                 raise ValueError(f"FixedLen.default {self.default!r} does not fit shape {self.shape} "
                                  f"and dtype {self.dtype}: {e}") from None
@@ -104,7 +124,7 @@ class VarLen:
 
     dtype: as FixedLen's.
     max_len: the static width; more values are a DecodeError unless ``truncate``.
-    pad: the value of the padding positions.
+    pad: the value of the padding positions, representable in ``dtype``.
     truncate: keep the first ``max_len`` values instead of failing.
     """
 
@@ -117,9 +137,8 @@ class VarLen:
         object.__setattr__(self, "dtype", _check_dtype("VarLen", self.dtype))
         object.__setattr__(self, "max_len", _check_count("VarLen", "max_len", self.max_len))
         try:
-            pad = np.asarray(self.pad, dtype=self.dtype)
-            if pad.shape != () or (np.issubdtype(pad.dtype, np.integer) and pad != self.pad):
-                raise ValueError("not a representable scalar")
+            if _in_dtype(self.pad, self.dtype).shape != ():
+                raise ValueError("not a scalar")
         except (ValueError, TypeError, OverflowError) as e:
             raise ValueError(f"VarLen.pad {self.pad!r} is not a {self.dtype} scalar: {e}") from None
         object.__setattr__(self, "truncate", bool(self.truncate))

@@ -128,6 +128,25 @@ def test_a_dataset_with_a_transform_trains_and_evaluates_on_the_transforms_outpu
     assert seen[est.ModeKeys.EVAL]["xx"] == ((64, 2 * D), jnp.float32)
 
 
+def test_bfloat16_features_and_uint8_labels_reach_the_model_as_decoded(files, tmp_path):
+    narrow = {"x": infeed.FixedLen((D,), "bfloat16"), "label": infeed.FixedLen((), "uint8")}
+    seen = set()
+
+    def narrow_model_fn(variables, features, labels, mode, params):
+        seen.add((features["x"].dtype, labels.dtype))
+        return model_fn(variables, features, labels, mode, params)
+
+    def dataset(name, **kw):
+        return lambda params: infeed.Dataset(files[name], narrow, batch_size=params["batch_size"], labels="label", **kw)
+
+    config = est.RunConfig(model_dir=str(tmp_path), iterations_per_loop=10, save_checkpoints_steps=50)
+    e = est.Estimator(narrow_model_fn, init_fn, optax.adam(1e-2), config, train_batch_size=32, eval_batch_size=64)
+    e.train(dataset("train", num_epochs=None), max_steps=40)
+    result = e.evaluate(dataset("eval"))
+    assert seen == {(jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.uint8))}
+    assert result["examples"] == 257 and result["accuracy"] > 0.85
+
+
 def test_a_stopped_run_resumes_to_the_weights_of_an_uninterrupted_one(files, tmp_path):
     whole = make(tmp_path / "whole", k=7).train(train_input(files), max_steps=40).get_variables()
     make(tmp_path / "split", k=7).train(train_input(files), max_steps=20)      # 20 = 2 loops of 7 + 6

@@ -65,6 +65,9 @@ SPECS = [
     {"x": FixedLen((2,), "float32", default=0.0), "k": Bytes(4, truncate=True)},
     {"k": FixedLen((), "int32"), "": VarLen("float32", max_len=3, pad=-1.0), "id": Bytes(8, default=b"-")},
     {"a": VarLen("int32", max_len=2, truncate=True), "b": FixedLen((3,), "int64", default=7)},
+    {"k": VarLen("uint8", max_len=3, pad=255), "x": FixedLen((2,), "bfloat16", default=-0.5),
+     "b": FixedLen((3,), "int16", default=-1)},
+    {"a": VarLen("int8", max_len=2), "x": VarLen("float16", max_len=3), "k": FixedLen((), "uint16", default=1)},
 ]
 PARSERS = [infeed.ExampleParser(s) for s in SPECS]
 logging.getLogger("infeed").setLevel(logging.ERROR)        # skip_corrupt warns once per damaged region

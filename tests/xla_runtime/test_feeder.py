@@ -257,16 +257,20 @@ def record(i):
 
 SPEC = {"x": infeed.FixedLen((3,), "float32"), "id": infeed.FixedLen((), "int64"),
         "tokens": infeed.VarLen("int32", max_len=4)}
+#: The same features in the narrow dtypes the decoder converts to: half and a quarter of the bytes.
+NARROW_SPEC = {"x": infeed.FixedLen((3,), "bfloat16"), "id": infeed.FixedLen((), "int64"),
+               "tokens": infeed.VarLen("uint8", max_len=4)}
 
 
-def test_daemon_end_to_end(mesh, tmp_path):
+@pytest.mark.parametrize("spec", [SPEC, NARROW_SPEC], ids=["wide", "narrow"])
+def test_daemon_end_to_end(mesh, tmp_path, spec):
     records, paths = [record(i) for i in range(100)], []
     for k in range(2):
         paths.append(str(tmp_path / f"train-{k}.tfrecord"))
         with infeed.TFRecordWriter(paths[-1]) as w:
             for r in records[50 * k:50 * (k + 1)]:
                 w.write(r)
-    ds = infeed.Dataset(paths, SPEC, batch_size=16, final_batch="pad")
+    ds = infeed.Dataset(paths, spec, batch_size=16, final_batch="pad")
     states = []
     with infeed.Daemon(ds, num_workers=2, slots=2, lock_memory=False, timeout=60) as feed, \
             Feeder(feed, mesh, P("data"), prefetch=2) as feeder:
@@ -277,13 +281,14 @@ def test_daemon_end_to_end(mesh, tmp_path):
     assert len(got) == 7 and states == list(range(1, 8))
     for k, batch in enumerate(got):
         chunk = records[16 * k:16 * (k + 1)]
-        want = infeed.ExampleParser(SPEC).allocate(16)
-        infeed.ExampleParser(SPEC).parse(chunk, out=want)
+        want = infeed.ExampleParser(spec).allocate(16)
+        infeed.ExampleParser(spec).parse(chunk, out=want)
         want["is_padding"] = np.arange(16) >= len(chunk)
         if len(chunk) == 16:
-            assert_tree_equal({k: v for k, v in want.items() if k != "is_padding"}, infeed.parse_examples(chunk, SPEC))
+            assert_tree_equal({k: v for k, v in want.items() if k != "is_padding"}, infeed.parse_examples(chunk, spec))
         assert_tree_equal(batch, want)
         assert batch["x"].sharding == NamedSharding(mesh, P("data"))
+        assert batch["x"].dtype == spec["x"].dtype and batch["tokens"].values.dtype == spec["tokens"].dtype
 
 
 WORKER = textwrap.dedent("""

@@ -190,6 +190,38 @@ def test_a_record_that_breaks_the_spec_names_file_record_and_offset(files, tmp_p
     assert (e.path, e.record_index, e.offset, e.feature) == (bad, 13, offset, "id")
 
 
+def test_bfloat16_and_uint8_outputs_come_through_the_workers_converted_as_astype(tmp_path):
+    spec = {"x": FixedLen((3,), "bfloat16"), "tokens": VarLen("uint8", max_len=4, pad=255)}
+    rng = np.random.default_rng(5)
+    floats = (rng.standard_normal((60, 3)) * 2.0 ** rng.integers(-20, 20, (60, 3))).astype(np.float32)
+    floats[7] = [1 + 2**-8, np.nan, 3.4e38]                                # a tie, a NaN, past bfloat16's max
+    tokens = [rng.integers(0, 256, i % 5).tolist() for i in range(60)]
+    path = str(tmp_path / "narrow.tfrecord")
+    with infeed.TFRecordWriter(path) as w:
+        for x, t in zip(floats, tokens):
+            w.write(infeed.encode_example({"x": x, "tokens": t}))
+    ds = Dataset([path], spec, batch_size=8)
+    assert ds.template()["x"] == ((8, 3), np.dtype("bfloat16"))
+    got = collect(ds, num_workers=2, slots=2)
+    assert len(got) == 7
+    for k, batch in enumerate(got):
+        rows = slice(8 * k, 8 * (k + 1))
+        assert batch["x"].dtype == np.dtype("bfloat16")
+        assert batch["x"].view(np.uint16).tolist() == floats[rows].astype("bfloat16").view(np.uint16).tolist()
+        want = np.full((8, 4), 255, np.uint8)
+        for i, t in enumerate(tokens[rows]):
+            want[i, :len(t)] = np.array(t, np.int64).astype(np.uint8)
+        assert batch["tokens"].values.dtype == np.uint8 and batch["tokens"].values.tolist() == want.tolist()
+        assert batch["tokens"].lengths.tolist() == [len(t) for t in tokens[rows]]
+    with infeed.TFRecordWriter(path) as w:
+        for i in range(16):
+            w.write(infeed.encode_example({"x": floats[i], "tokens": [256] if i == 11 else tokens[i]}))
+    with Daemon(Dataset([path], spec, batch_size=8), num_workers=2, lock_memory=False, timeout=60) as feed:
+        with pytest.raises(infeed.DecodeError, match="values that fit uint8") as info:
+            list(feed)
+    assert (info.value.path, info.value.record_index, info.value.feature) == (path, 11, "tokens")
+
+
 def test_dataset_checks_its_arguments(files):
     with pytest.raises(FileNotFoundError, match="no files match"):
         Dataset(os.path.join(os.path.dirname(files[0]), "nothing-*.tfrecord"), SPEC, 4)

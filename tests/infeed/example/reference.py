@@ -37,6 +37,7 @@ from __future__ import annotations
 import random
 import struct
 
+import ml_dtypes  # noqa: F401  (np.dtype("bfloat16"))
 import numpy as np
 
 MAX_VARINT_BYTES = 10
@@ -45,7 +46,8 @@ MAX_GROUP_DEPTH = 64
 
 KINDS = {1: "bytes", 2: "float", 3: "int64"}
 KIND_FIELDS = {v: k for k, v in KINDS.items()}
-SPEC_KINDS = {"float32": "float", "int64": "int64", "int32": "int64"}
+SPEC_KINDS = {"float32": "float", "bfloat16": "float", "float16": "float", "int64": "int64", "int32": "int64",
+              "int16": "int64", "uint16": "int64", "int8": "int64", "uint8": "int64"}
 
 
 class Malformed(Exception):
@@ -363,12 +365,13 @@ def _present(record, entry, f, layout, want, dtype, width, name, index):
     if kind is not None:
         for v in _list_values(record, run, kind):
             if count < width:              # values past the width are counted, not stored or checked
-                if dtype == "int32" and not -(1 << 31) <= v < (1 << 31):
+                if SPEC_KINDS[dtype] == "int64" and not np.iinfo(dtype).min <= v <= np.iinfo(dtype).max:
                     raise RefDecodeError(name, index, "range", str(v))
                 stored.append(v)
             count += 1
-    arr = (np.frombuffer(b"".join(stored), "<f4").astype(np.float32) if dtype == "float32"
-           else np.array(stored, dtype=dtype))
+    with np.errstate(all="ignore"):          # float16 overflows to inf, as numpy casts
+        arr = (np.frombuffer(b"".join(stored), "<f4").astype(dtype) if SPEC_KINDS[dtype] == "float"
+               else np.array(stored, dtype=dtype))
     if layout == "fixed":
         if count != width:
             raise RefDecodeError(name, index, "count", f"{width} wanted, {count} found")

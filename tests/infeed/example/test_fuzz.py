@@ -37,6 +37,8 @@ SEED_EXAMPLES = [
     {"tokens": ("int64", list(range(20))), "": (None, []), "é": ("bytes", [b"", b"\xff" * 5])},
     {"img": ("float", np.linspace(-1, 1, 12, dtype=np.float32)), "y": ("int64", [2**31]),
      "name": ("bytes", [b"hello"]), "empty": ("float", np.zeros(0, np.float32))},
+    {"label": ("int64", [0, 255, 127, -128, 65535]), "tokens": ("int64", list(range(-10, 10))),
+     "x": ("float", np.array([65520.0, 1 + 2**-8, 2**-25, 1e-40], np.float32))},
 ]
 
 SPECS = [
@@ -47,6 +49,10 @@ SPECS = [
     {"img": FixedLen((3, 4), "float32", default=0.5), "y": FixedLen((), "int64"),
      "name": Bytes(5), "empty": VarLen("float32", max_len=2)},
     {"label": FixedLen((5,), "int64"), "x": VarLen("float32", max_len=4, pad=np.nan)},
+    {"x": FixedLen((4,), "bfloat16"), "label": VarLen("uint8", max_len=5, pad=255),
+     "img": VarLen("float16", max_len=12, truncate=True), "tokens": FixedLen((20,), "int16", default=-1)},
+    {"label": VarLen("int8", max_len=5, truncate=True), "y": FixedLen((), "uint16", default=9),
+     "x": VarLen("float16", max_len=4, pad=-0.0), "tokens": VarLen("uint16", max_len=20)},
 ]
 
 INTERESTING = [0x00, 0x01, 0x02, 0x04, 0x05, 0x08, 0x0A, 0x0B, 0x0C, 0x0D, 0x12, 0x1A, 0x1B, 0x1C,

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import infeed
 from infeed import Bytes, FixedLen, Padded, VarLen
+from infeed.example.spec import NUMERIC_DTYPES
 from infeed.tfrecord import _tfrecord
 
 import reference as ref
@@ -31,12 +32,16 @@ PROFILE = settings.get_profile(os.environ.get("INFEED_HYPOTHESIS_PROFILE", "infe
 # ---------------------------------------------------------------------------
 # Strategies: logical Examples, {name: (kind, values)}
 
-INT64_EDGES = [0, 1, -1, 127, 128, 2**31 - 1, -(2**31), 2**31, -(2**31) - 1, 2**32, 2**63 - 1, -(2**63)]
+INT64_EDGES = [0, 1, -1, 127, 128, -128, -129, 255, 256, 32767, 32768, -32768, -32769, 65535, 65536,
+               2**31 - 1, -(2**31), 2**31, -(2**31) - 1, 2**32, 2**63 - 1, -(2**63)]
+# The last six: a bfloat16 tie rounding down and one rounding up, float16's overflow to inf and the value
+# below it, a float16 subnormal tie (2**-25, to zero) and float16's largest subnormal.
 FLOAT_EDGE_BITS = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000,
-                   0x7F800001, 0x7FBFFFFF, 0x00000001, 0x807FFFFF, 0x00800000, 0x7F7FFFFF]
+                   0x7F800001, 0x7FBFFFFF, 0x00000001, 0x807FFFFF, 0x00800000, 0x7F7FFFFF,
+                   0x3F808000, 0x3F818000, 0x477FF000, 0x477FEFFF, 0x33000000, 0x387FC000]
 
 names = st.one_of(st.text(max_size=8), st.sampled_from(["", "a", "é", "\x00", "日本語", "𝄞", "a/b:c"]))
-int64s = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from(INT64_EDGES))
+int64s = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from(INT64_EDGES), st.integers(-200, 300))
 float_bits = st.one_of(st.sampled_from(FLOAT_EDGE_BITS), st.integers(0, 2**32 - 1),
                        st.floats(width=32).map(lambda f: int(np.float32(f).view(np.uint32))))
 blobs = st.one_of(st.binary(max_size=12), st.sampled_from([b"", b"\0", b"\0\0x\0", bytes(range(256))]))
@@ -132,18 +137,20 @@ def _shapes(count):
 @st.composite
 def spec_entry(draw, kind, values):
     """A spec entry for a feature holding ``values`` of ``kind``: usually fitting, sometimes not."""
-    numeric = {"float": "float32", "int64": draw(st.sampled_from(["int64", "int32"]))}
+    numeric = {kind: draw(st.sampled_from([d for d, k in NUMERIC_DTYPES.items() if k == kind]))
+               for kind in ("float", "int64")}
     if kind in numeric and draw(st.integers(0, 3)):
         dtype = numeric[kind]
     else:
-        dtype = draw(st.sampled_from(["float32", "int64", "int32", "bytes"]))
+        dtype = draw(st.sampled_from([*NUMERIC_DTYPES, "bytes"]))
     n = len(values)
     if dtype == "bytes" or (kind == "bytes" and draw(st.booleans())):
         first = len(values[0]) if kind == "bytes" and n else 3
         max_bytes = draw(st.integers(0, first + 2))
         default = draw(st.one_of(st.none(), st.binary(max_size=max_bytes)))
         return Bytes(max_bytes, default=default, truncate=draw(st.booleans()))
-    pad_values = [0, -1, 7] + ([float("nan"), -0.0, 1.5] if dtype == "float32" else [])
+    pad_values = [0, 7] + ([] if dtype.startswith("uint") else [-1]) + (
+        [float("nan"), -0.0, 1.5] if NUMERIC_DTYPES[dtype] == "float" else [])
     if draw(st.booleans()):
         count = draw(st.sampled_from([n, n, n + 1, max(n - 1, 0)]))
         default = draw(st.one_of(st.none(), st.sampled_from(pad_values)))

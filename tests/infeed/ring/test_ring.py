@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -25,6 +26,7 @@ from infeed.ring.segments import SHM_DIR
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = {"x": FixedLen((3,), "float32"), "label": FixedLen((), "int64"),
         "tokens": VarLen("int32", max_len=5), "raw": Bytes(max_bytes=7)}
+NARROW = {"b": FixedLen((3,), "bfloat16"), "h": FixedLen((), "float16"), "u": VarLen("uint8", max_len=5)}
 CTX = multiprocessing.get_context("spawn")
 
 
@@ -75,6 +77,16 @@ def _produce(name, n):
             v["label"][:] = seq
             v["x"][:] = seq * 0.5
             r.publish(slot, seq)
+
+
+def _fill_narrow(name):
+    with Ring.attach(name) as r:          # no template: the dtypes are read back from the segment, by name
+        r.acquire_free(0, timeout=5)
+        views = r.slot_arrays(0)
+        views["b"][:] = [1.5, -2.0, np.inf]
+        views["h"][:] = 0.5
+        views["u"].values[:] = 255
+        r.publish(0, seq=1)
 
 
 def _hang(name, register):
@@ -190,6 +202,24 @@ def test_bfloat16_arrays_stay_bfloat16_in_the_slots_and_for_attachers():
     with Ring.create(template, slots=1, lock_memory=False) as r, Ring.attach(r.name, template) as other:
         assert other.slot_arrays(0)["x"].dtype == r.slot_arrays(0)["x"].dtype == np.dtype(ml_dtypes.bfloat16)
         assert other.layout == layout_of(template)
+
+
+def test_narrow_dtypes_resolve_by_name_in_a_process_that_attaches_without_a_template():
+    template = infeed.ExampleParser(NARROW).allocate(2)
+    with Ring.create(template, slots=1, lock_memory=False) as r:
+        assert r.layout == layout_of(template) and r.layout["b"][1] == ml_dtypes.bfloat16
+        with Ring.attach(r.name, template) as same:
+            assert same.slot_arrays(0)["b"].dtype == ml_dtypes.bfloat16
+        with pytest.raises(infeed.AttachError, match="layout"):
+            Ring.attach(r.name, {**template, "b": np.zeros((2, 3), "V2")})    # 2 bytes, but not bfloat16's
+        p = CTX.Process(target=_fill_narrow, args=(r.name,))
+        p.start()
+        assert r.acquire_filled(0, timeout=10, check=watch_processes([p])) == 1
+        p.join(10)
+        views = r.slot_arrays(0)
+        assert views["b"].dtype == ml_dtypes.bfloat16 and views["b"].tolist() == [[1.5, -2.0, np.inf]] * 2
+        assert views["h"].dtype == np.float16 and views["h"].tolist() == [0.5, 0.5]
+        assert views["u"].values.dtype == np.uint8 and (views["u"].values == 255).all()
 
 
 # --- hand-off -------------------------------------------------------------------------------
