@@ -27,7 +27,7 @@ setup(
     packages=find_packages(include=["infeed", "infeed.*", "xla_runtime", "xla_runtime.*", "estimator", "estimator.*"]),
     ext_modules=cythonize(extensions, language_level=3,
                           compiler_directives={"embedsignature": True}),
-    package_data={"infeed.tfrecord": ["*.pyx", "*.pxd", "*.h"], "infeed.example": ["*.pyx"],
+    package_data={"infeed.tfrecord": ["*.pyx", "*.pxd", "*.h"], "infeed.example": ["*.pyx", "*.pxd"],
                   "infeed.ring": ["*.pyx"]},
     install_requires=[
         "jax==0.10.2",

@@ -20,10 +20,12 @@ row before anything is read or written; every tap index is clamped into the
 image when the taps are computed, so the loops need no checks of their own.
 """
 
+from libc.math cimport floor, ceil, fabs
+from libc.stdint cimport uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport calloc, malloc, free
-from libc.math cimport floor, ceil, fabs, lrintf
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t
 from libc.string cimport memcpy
+
+from infeed.example.halves cimport bfloat16_bits, float16_bits
 
 import numpy as np
 cimport numpy as cnp
@@ -111,40 +113,6 @@ cdef void free_axis(Axis *ax) noexcept nogil:
     free(ax.first)
     free(ax.count)
     free(ax.weights)
-
-
-cdef inline uint16_t to_f16(float value) noexcept nogil:
-    """IEEE half precision, rounded to nearest even; overflow gives infinity, NaN stays NaN."""
-    cdef uint32_t x
-    memcpy(&x, &value, 4)
-    cdef uint32_t sign = (x >> 16) & 0x8000
-    cdef uint32_t mag = x & 0x7FFFFFFF
-    cdef uint32_t shift, mant, rounded
-    if mag >= 0x7F800000:                                 # inf or NaN
-        return <uint16_t>(sign | 0x7C00 | (0x200 if mag > 0x7F800000 else 0))
-    if mag >= 0x477FF000:                                 # rounds to 65520 or more: infinity
-        return <uint16_t>(sign | 0x7C00)
-    if mag < 0x38800000:                                  # below the smallest normal half: subnormal or zero
-        if mag < 0x33000000:
-            return <uint16_t>sign
-        shift = 126 - (mag >> 23)                         # value * 2**24 = mant >> shift, shift from 14 to 24
-        mant = (mag & 0x7FFFFF) | 0x800000
-        rounded = mant >> shift                           # then rounded half to even on the bits shifted out
-        if (mant >> (shift - 1)) & 1 and ((mant & ((1u << (shift - 1)) - 1)) or (rounded & 1)):
-            rounded += 1
-        return <uint16_t>(sign | rounded)
-    mag = mag - 0x38000000                                # rebias the exponent from 127 to 15
-    rounded = (mag + 0xFFF + ((mag >> 13) & 1)) >> 13
-    return <uint16_t>(sign | rounded)
-
-
-cdef inline uint16_t to_bf16(float value) noexcept nogil:
-    """bfloat16, rounded to nearest even; NaN stays NaN."""
-    cdef uint32_t x
-    memcpy(&x, &value, 4)
-    if (x & 0x7FFFFFFF) > 0x7F800000:
-        return <uint16_t>((x >> 16) | 0x40)
-    return <uint16_t>((x + 0x7FFF + ((x >> 16) & 1)) >> 16)
 
 
 cdef extern from *:
@@ -250,6 +218,7 @@ cdef extern from *:
 cdef void store_line(const float *line, Py_ssize_t n, char *dst, int kind) noexcept nogil:
     """``dst[:n] = line[:n]`` cast to ``kind`` (integers rounded half up and clamped)."""
     cdef Py_ssize_t i
+    cdef uint32_t bits
     if kind == OUT_U8:
         store_u8(line, n, <uint8_t *>dst)
     elif kind == OUT_U16:
@@ -258,10 +227,12 @@ cdef void store_line(const float *line, Py_ssize_t n, char *dst, int kind) noexc
         memcpy(dst, line, n * sizeof(float))
     elif kind == OUT_BF16:
         for i in range(n):
-            (<uint16_t *>dst)[i] = to_bf16(line[i])
+            memcpy(&bits, &line[i], 4)
+            (<uint16_t *>dst)[i] = bfloat16_bits(bits)
     else:
         for i in range(n):
-            (<uint16_t *>dst)[i] = to_f16(line[i])
+            memcpy(&bits, &line[i], 4)
+            (<uint16_t *>dst)[i] = float16_bits(bits)
 
 
 ctypedef fused pixel_t:
