@@ -19,6 +19,7 @@ The exit status is 1 when the held-out accuracy is below ``--min-accuracy``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -121,11 +122,18 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
 
 
 # --- the job ------------------------------------------------------------------------------------
-def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python examples/digits.py", description=__doc__.splitlines()[0])
+def job_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options :func:`run_job` reads: ``--dir``, ``--model-dir`` and ``--quiet``."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--dir", help="where the TFRecords, the model directory and the export go "
                                   "(default: a new temporary directory, kept for TensorBoard)")
     ap.add_argument("--model-dir", help="the Estimator's model_dir (default: DIR/model); must be new or empty")
+    ap.add_argument("--quiet", action="store_true", help="no estimator log lines, only the table")
+    return ap
+
+
+def parse_args(argv):
+    ap = job_parser("python examples/digits.py", __doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
     ap.add_argument("--iterations-per-loop", type=int, default=100, help="steps per compiled loop (default 100)")
     ap.add_argument("--batch-size", type=int, default=64, help="training batch (default 64)")
@@ -137,7 +145,6 @@ def parse_args(argv):
     ap.add_argument("--workers", type=int, default=2, help="daemon worker processes (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="split, shuffle and initialisation seed (default 0)")
     ap.add_argument("--min-accuracy", type=float, default=0.95, help="held-out accuracy to pass (default 0.95)")
-    ap.add_argument("--quiet", action="store_true", help="no estimator log lines, only the table")
     return ap.parse_args(argv)
 
 
@@ -146,26 +153,58 @@ def _tags(logdir: str) -> str:
     return ", ".join(scalars) or "none"
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    root = args.dir or tempfile.mkdtemp(prefix="estimator-demo-")
-    model_dir = args.model_dir or os.path.join(root, "model")
-    if os.path.isdir(model_dir) and os.listdir(model_dir):
-        print(f"{model_dir} is not empty (a previous run?): give a new --dir or --model-dir", file=sys.stderr)
-        return 2
+@contextlib.contextmanager
+def _estimator_log(quiet: bool):
+    """The estimator's progress lines on stderr while the block runs, once (not again through the root
+    logger); none when ``quiet``."""
     logger = logging.getLogger("estimator")
     saved = logger.level, logger.propagate
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    if not args.quiet:                  # the estimator's progress lines, once (not again through the root logger)
+    if not quiet:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
     try:
-        return run(args, root, model_dir)
+        yield
     finally:
         logger.removeHandler(handler)
         logger.level, logger.propagate = saved
+
+
+def report(title: str, rows: list[tuple[str, str]], model_dir: str, failed: list[str]) -> int:
+    """Prints ``(name, value)`` rows under ``title``, aligned, then where TensorBoard finds the summaries and the
+    result; returns the exit status (1 when a check in ``failed`` did not pass)."""
+    rows = rows + [
+        ("TensorBoard", f"tensorboard --logdir {model_dir}"),
+        ("train summaries", _tags(model_dir)),
+        ("eval summaries", _tags(os.path.join(model_dir, "eval"))),
+        ("result", "PASS" if not failed else "FAIL: " + "; ".join(failed)),
+    ]
+    width = max(len(name) for name, _ in rows)
+    rule = "-" * (width + 2 + max(len(value) for _, value in rows))
+    print(f"\n{title}\n{rule}")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    print(rule)
+    return 1 if failed else 0
+
+
+def run_job(args, prefix: str, job) -> int:
+    """``job(args, root, model_dir)``'s exit status, the estimator's log lines on stderr unless ``--quiet``: ROOT is
+    ``--dir`` (default: a new temporary directory named ``prefix...``), MODEL_DIR ``--model-dir`` (default:
+    ROOT/model). 2, said on stderr, when the model directory holds a previous run."""
+    root = args.dir or tempfile.mkdtemp(prefix=prefix)
+    model_dir = args.model_dir or os.path.join(root, "model")
+    if os.path.isdir(model_dir) and os.listdir(model_dir):
+        print(f"{model_dir} is not empty (a previous run?): give a new --dir or --model-dir", file=sys.stderr)
+        return 2
+    with _estimator_log(args.quiet):
+        return job(args, root, model_dir)
+
+
+def main(argv=None) -> int:
+    return run_job(parse_args(argv), "estimator-demo-", run)
 
 
 def run(args, root: str, model_dir: str) -> int:
@@ -239,18 +278,8 @@ def run(args, root: str, model_dir: str) -> int:
         ("predictions", f"{len(predictions):,} in input order, keys {sorted(predictions[0]) if predictions else []}"),
         ("export", path),
         ("served vs predict", f"{same}/{n} classes agree, max |probability difference| {gap:.1e}"),
-        ("TensorBoard", f"tensorboard --logdir {model_dir}"),
-        ("train summaries", _tags(model_dir)),
-        ("eval summaries", _tags(os.path.join(model_dir, "eval"))),
-        ("result", "PASS" if not failed else "FAIL: " + "; ".join(failed)),
     ]
-    width = max(len(name) for name, _ in rows)
-    rule = "-" * (width + 2 + max(len(value) for _, value in rows))
-    print(f"\nestimator demo\n{rule}")
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
-    print(rule)
-    return 1 if failed else 0
+    return report("estimator demo", rows, model_dir, failed)
 
 
 if __name__ == "__main__":
