@@ -48,6 +48,8 @@ cdef struct Axis:
     int *first             # per output pixel: first source index
     int *count             # per output pixel: taps used
     float *weights         # per output pixel: max_taps weights (normalised)
+    Py_ssize_t *offsets    # pair_plan: per output position, its first source pixel's offset in floats (mirrored)
+    float *taps            # pair_plan: per output position, its two weights times each channel's scale
 
 
 cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, bint antialias) noexcept nogil:
@@ -113,6 +115,28 @@ cdef void free_axis(Axis *ax) noexcept nogil:
     free(ax.first)
     free(ax.count)
     free(ax.weights)
+    free(ax.offsets)
+    free(ax.taps)
+
+
+cdef bint pair_plan(Axis *xs, int channels, bint flip, const float *scale) noexcept nogil:
+    """``xs.offsets`` and ``xs.taps`` for ``infeed_horizontal_pairs`` when no output pixel has more than two
+    taps (bilinear; ``xs.first`` relative to the window): False, planning nothing, otherwise."""
+    cdef int i, x, c
+    for x in range(xs.n):
+        if xs.count[x] > 2:
+            return False
+    xs.offsets = <Py_ssize_t *>malloc(sizeof(Py_ssize_t) * xs.n)
+    xs.taps = <float *>calloc(<size_t>xs.n * 8, sizeof(float))
+    if xs.offsets == NULL or xs.taps == NULL:
+        return False
+    for i in range(xs.n):
+        x = xs.n - 1 - i if flip else i
+        xs.offsets[i] = <Py_ssize_t>xs.first[x] * channels
+        for c in range(channels):
+            xs.taps[8 * i + c] = xs.weights[x * xs.max_taps] * scale[c]
+            xs.taps[8 * i + 4 + c] = xs.weights[x * xs.max_taps + 1] * scale[c]
+    return True
 
 
 cdef extern from *:
@@ -195,8 +219,24 @@ cdef extern from *:
             }
         }
     }
+    /* The same for two taps at most per output pixel (bilinear), with each pixel's two weights already
+       multiplied by the channels' scales (``taps``: 8 floats a pixel) and its source offset already mirrored
+       (``offsets``, in floats): two loads, two multiplies and adds, a store. */
+    static void infeed_horizontal_pairs(const float *restrict column, int channels, int n,
+                                        const Py_ssize_t *restrict offsets, const float *restrict taps,
+                                        const float *restrict bias, float *restrict line) {
+        __m128 b = _mm_setr_ps(bias[0], bias[1], bias[2], channels == 4 ? bias[3] : 0.0f);
+        for (int i = 0; i < n; i++) {
+            const float *restrict q = column + offsets[i];
+            __m128 acc = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(taps + 8 * (Py_ssize_t)i), _mm_loadu_ps(q)),
+                                    _mm_mul_ps(_mm_loadu_ps(taps + 8 * (Py_ssize_t)i + 4), _mm_loadu_ps(q + channels)));
+            _mm_storeu_ps(line + (Py_ssize_t)i * channels, _mm_add_ps(acc, b));
+        }
+    }
     #define INFEED_HORIZONTAL_VEC 1
     #else
+    static void infeed_horizontal_pairs(const float *column, int channels, int n, const Py_ssize_t *offsets,
+                                        const float *taps, const float *bias, float *line) {}
     static void infeed_horizontal_vec(const float *column, int channels, int n, const int *first, const int *count,
                                       const float *weights, int max_taps, int flip, const float *scale,
                                       const float *bias, float *line) {}
@@ -210,6 +250,9 @@ cdef extern from *:
     void vertical_u16 "infeed_vertical_u16"(const uint16_t *src, Py_ssize_t stride, const float *w, int taps,
                                             Py_ssize_t n, float *column) noexcept nogil
     bint HORIZONTAL_VEC "INFEED_HORIZONTAL_VEC"
+    void horizontal_pairs "infeed_horizontal_pairs"(const float *column, int channels, int n,
+                                                    const Py_ssize_t *offsets, const float *taps,
+                                                    const float *bias, float *line) noexcept nogil
     void horizontal_vec "infeed_horizontal_vec"(const float *column, int channels, int n, const int *first,
                                                 const int *count, const float *weights, int max_taps, int flip,
                                                 const float *scale, const float *bias, float *line) noexcept nogil
@@ -258,6 +301,7 @@ cdef void resample(const pixel_t *src, Py_ssize_t src_stride, int channels, Axis
     for x in range(xs.n):
         xs.first[x] -= x_lo
     width = <Py_ssize_t>(x_hi - x_lo) * channels
+    cdef bint pairs = HORIZONTAL_VEC and channels >= 3 and pair_plan(xs, channels, flip, scale)
     for y in range(ys.n):
         p = src + ys.first[y] * src_stride + x_lo * channels
         w = ys.weights + y * ys.max_taps
@@ -265,7 +309,9 @@ cdef void resample(const pixel_t *src, Py_ssize_t src_stride, int channels, Axis
             vertical_u8(p, src_stride, w, ys.count[y], width, column)
         else:
             vertical_u16(p, src_stride, w, ys.count[y], width, column)
-        if HORIZONTAL_VEC and channels >= 3:
+        if pairs:
+            horizontal_pairs(column, channels, xs.n, xs.offsets, xs.taps, bias, line)
+        elif HORIZONTAL_VEC and channels >= 3:
             horizontal_vec(column, channels, xs.n, xs.first, xs.count, xs.weights, xs.max_taps, flip, scale, bias,
                            line)
         else:
@@ -322,7 +368,8 @@ def resize_into(cnp.ndarray image not None, double y0, double x0, double height,
     cdef char *dst = <char *>cnp.PyArray_DATA(out) + top * out_stride + left * channels * item
     cdef int out_kind = kind
     ys.first = ys.count = xs.first = xs.count = NULL
-    ys.weights = xs.weights = NULL
+    ys.weights = xs.weights = ys.taps = xs.taps = NULL
+    ys.offsets = xs.offsets = NULL
     try:
         if axis_taps(&ys, y0, height, out_h, src_h, antialias) < 0 or \
                 axis_taps(&xs, x0, width, out_w, src_w, antialias) < 0:
