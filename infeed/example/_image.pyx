@@ -121,21 +121,24 @@ cdef void free_axis(Axis *ax) noexcept nogil:
 
 cdef bint pair_plan(Axis *xs, int channels, bint flip, const float *scale) noexcept nogil:
     """``xs.offsets`` and ``xs.taps`` for ``infeed_horizontal_pairs`` when no output pixel has more than two
-    taps (bilinear; ``xs.first`` relative to the window): False, planning nothing, otherwise."""
+    taps (bilinear; ``xs.first`` relative to the window): False, planning nothing, otherwise. The taps of output
+    positions ``2j`` and ``2j + 1`` lie together, 16 floats: the first weights of both, then the second ones."""
     cdef int i, x, c
+    cdef float *t
     for x in range(xs.n):
         if xs.count[x] > 2:
             return False
     xs.offsets = <Py_ssize_t *>malloc(sizeof(Py_ssize_t) * xs.n)
-    xs.taps = <float *>calloc(<size_t>xs.n * 8, sizeof(float))
+    xs.taps = <float *>calloc(<size_t>(xs.n + 1) * 8, sizeof(float))
     if xs.offsets == NULL or xs.taps == NULL:
         return False
     for i in range(xs.n):
         x = xs.n - 1 - i if flip else i
         xs.offsets[i] = <Py_ssize_t>xs.first[x] * channels
+        t = xs.taps + 16 * (i >> 1) + 4 * (i & 1)
         for c in range(channels):
-            xs.taps[8 * i + c] = xs.weights[x * xs.max_taps] * scale[c]
-            xs.taps[8 * i + 4 + c] = xs.weights[x * xs.max_taps + 1] * scale[c]
+            t[c] = xs.weights[x * xs.max_taps] * scale[c]
+            t[8 + c] = xs.weights[x * xs.max_taps + 1] * scale[c]
     return True
 
 
@@ -220,16 +223,56 @@ cdef extern from *:
         }
     }
     /* The same for two taps at most per output pixel (bilinear), with each pixel's two weights already
-       multiplied by the channels' scales (``taps``: 8 floats a pixel) and its source offset already mirrored
-       (``offsets``, in floats): two loads, two multiplies and adds, a store. */
+       multiplied by the channels' scales (``taps``, see pair_plan) and its source offset already mirrored
+       (``offsets``, in floats): two loads, two multiplies and adds, a store. With AVX2, two output pixels an
+       iteration in the two halves of 8-float vectors, packed together (3 channels) before one store, which
+       writes two floats past them (``line`` has room for them; the next pair overwrites them). */
+    static inline __m128 infeed_pair(const float *restrict column, int channels, Py_ssize_t offset,
+                                     const float *restrict t) {
+        const float *restrict q = column + offset;
+        return _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(t), _mm_loadu_ps(q)),
+                          _mm_mul_ps(_mm_loadu_ps(t + 8), _mm_loadu_ps(q + channels)));
+    }
+    #if defined(__GNUC__) && defined(__x86_64__)
+    #include <immintrin.h>
+    #define INFEED_PAIRS_AVX2 1
+    __attribute__((target("avx2"))) static int infeed_horizontal_pairs_avx2(
+            const float *restrict column, int channels, int n, const Py_ssize_t *restrict offsets,
+            const float *restrict taps, __m128 b, float *restrict line) {
+        const __m256 b2 = _mm256_set_m128(b, b);
+        const __m256i pack = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 3, 7);
+        int i = 0;
+        for (; i + 1 < n; i += 2) {
+            const float *restrict q0 = column + offsets[i];
+            const float *restrict q1 = column + offsets[i + 1];
+            const float *restrict t = taps + 8 * (Py_ssize_t)i;
+            __m256 a = _mm256_loadu2_m128(q1, q0);
+            __m256 c = _mm256_loadu2_m128(q1 + channels, q0 + channels);
+            __m256 acc = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(t), a),
+                                                     _mm256_mul_ps(_mm256_loadu_ps(t + 8), c)), b2);
+            if (channels == 3)
+                acc = _mm256_permutevar8x32_ps(acc, pack);
+            _mm256_storeu_ps(line + (Py_ssize_t)i * channels, acc);
+        }
+        return i;
+    }
+    #else
+    #define INFEED_PAIRS_AVX2 0
+    #endif
     static void infeed_horizontal_pairs(const float *restrict column, int channels, int n,
                                         const Py_ssize_t *restrict offsets, const float *restrict taps,
                                         const float *restrict bias, float *restrict line) {
         __m128 b = _mm_setr_ps(bias[0], bias[1], bias[2], channels == 4 ? bias[3] : 0.0f);
-        for (int i = 0; i < n; i++) {
-            const float *restrict q = column + offsets[i];
-            __m128 acc = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(taps + 8 * (Py_ssize_t)i), _mm_loadu_ps(q)),
-                                    _mm_mul_ps(_mm_loadu_ps(taps + 8 * (Py_ssize_t)i + 4), _mm_loadu_ps(q + channels)));
+        int i = 0;
+    #if INFEED_PAIRS_AVX2
+        static int avx2 = -1;
+        if (avx2 < 0)
+            avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+        if (avx2)
+            i = infeed_horizontal_pairs_avx2(column, channels, n, offsets, taps, b, line);
+    #endif
+        for (; i < n; i++) {
+            __m128 acc = infeed_pair(column, channels, offsets[i], taps + 16 * (Py_ssize_t)(i >> 1) + 4 * (i & 1));
             _mm_storeu_ps(line + (Py_ssize_t)i * channels, _mm_add_ps(acc, b));
         }
     }
@@ -374,9 +417,10 @@ def resize_into(cnp.ndarray image not None, double y0, double x0, double height,
         if axis_taps(&ys, y0, height, out_h, src_h, antialias) < 0 or \
                 axis_taps(&xs, x0, width, out_w, src_w, antialias) < 0:
             raise MemoryError()
-        # zeros past the pixels: the horizontal loops read up to two pixels and a float beyond a last tap
+        # zeros past the pixels: the horizontal loops read up to two pixels and a float beyond a last tap; and
+        # they write up to two floats past a line's last pixel
         column = <float *>calloc(src_w * channels + 12, sizeof(float))
-        line = <float *>malloc(sizeof(float) * (out_w * channels + 1))
+        line = <float *>malloc(sizeof(float) * (out_w * channels + 2))
         if column == NULL or line == NULL:
             raise MemoryError()
         if image.dtype == np.uint8:

@@ -215,6 +215,27 @@ def test_float_outputs_are_normalised_and_halves_are_the_float32_values_rounded(
     assert np.array_equal(as_u8, np.clip(np.floor(plain + 0.5), 0, 255).astype(np.uint8))
 
 
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("out_w", [7, 8, 33])
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("pixel", [np.uint8, np.uint16])
+def test_the_kernel_matches_the_reference_for_any_channels_width_flip_and_placement(channels, out_w, flip, pixel):
+    # Odd and even widths cover the kernel's two-pixels-at-a-time rows and their tail; placement inside a larger
+    # row checks that nothing is written around the window (the row loops write floats past a line, never past
+    # the output's pixels).
+    rng = np.random.default_rng(channels * 100 + out_w)
+    image = rng.integers(0, np.iinfo(pixel).max, (41, 57, channels), dtype=pixel)
+    window = (3, 5, 30, 44)
+    out = np.full((13, out_w + 4, channels), -7.0, np.float32)
+    resize_into(image, *window, out, 1, 2, 11, out_w, flip=flip, scale=np.arange(1, channels + 1) / 2, bias=0.25)
+    want = reference_resize(image, window, (11, out_w)) * (np.arange(1, channels + 1) / 2) + 0.25
+    got = out[1:12, 2:2 + out_w]
+    np.testing.assert_allclose(got, want[:, ::-1] if flip else want, rtol=1e-5, atol=1e-2)
+    outside = np.ones(out.shape[:2], bool)
+    outside[1:12, 2:2 + out_w] = False
+    assert (out[outside] == -7.0).all()
+
+
 def test_the_kernel_refuses_windows_and_placements_outside_its_arrays():
     image, out = np.zeros((10, 10, 3), np.uint8), np.zeros((4, 4, 3), np.uint8)
     with pytest.raises(ValueError, match="window"):
