@@ -1,0 +1,30 @@
+"""docs/embedding.md's code blocks, run in order in one namespace from a scratch directory."""
+
+import os
+import re
+
+import pytest
+
+DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "embedding.md")
+
+pytest.importorskip("flax")
+
+
+def python_blocks(path):
+    """(first line number, code) of every ```python block."""
+    text = open(path).read()
+    for match in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+        yield text.count("\n", 0, match.start()) + 2, match.group(1)
+
+
+def test_every_block_of_the_embedding_page_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "embedding"}
+    blocks = list(python_blocks(DOC))
+    assert len(blocks) >= 3
+    for line, code in blocks:
+        # Line numbers in tracebacks are the page's own.
+        exec(compile("\n" * (line - 1) + code, os.path.abspath(DOC), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "resumed: (10, 32, 8)" in out
+    assert "NnxMLP" in out
