@@ -59,6 +59,9 @@ class RunConfig:
     save_checkpoints_steps / save_checkpoints_secs: checkpoint cadence (at most one of
         them; neither: every 1,000 steps); checkpoints are taken at loop ends.
     keep_checkpoint_max: checkpoints kept (None: all).
+    checkpoint_dir: where the checkpoints go, ``<checkpoint_dir>/<step>/`` (a local path or a URI orbax
+        writes to, e.g. ``gs://...``); None (the default): ``model_dir/checkpoints``. For a training
+        system with its own layout: the events, evaluations and profiles stay in ``model_dir``.
     save_summary_steps / log_step_count_steps: summaries and log lines cadence.
     seed: the PRNG seed of initialisation and of the train state's key.
     infeed_workers / infeed_slots: the decoding daemon's processes and ring slots.
@@ -91,6 +94,7 @@ class RunConfig:
     save_checkpoints_steps: int | None = None
     save_checkpoints_secs: float | None = None
     keep_checkpoint_max: int | None = 5
+    checkpoint_dir: str | None = None
     save_summary_steps: int = 100
     log_step_count_steps: int = 100
     seed: int = 0
@@ -107,6 +111,7 @@ class RunConfig:
     def __post_init__(self):
         _directory("model_dir", self)
         _directory("compilation_cache_dir", self, allow_none=True)
+        _directory("checkpoint_dir", self, allow_none=True)
         for name in ("iterations_per_loop", "save_summary_steps", "log_step_count_steps", "infeed_workers",
                      "infeed_slots"):
             _positive(name, getattr(self, name))
@@ -138,6 +143,11 @@ class RunConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise InvalidArgumentError(f"RunConfig.seed must be an int, got {self.seed!r}")
         object.__setattr__(self, "profile_steps", _profile_steps(self.profile_steps))
+
+    @property
+    def checkpoint_directory(self) -> str:
+        """Where the checkpoints go: ``checkpoint_dir``, or ``model_dir/checkpoints``."""
+        return self.checkpoint_dir if self.checkpoint_dir is not None else os.path.join(self.model_dir, "checkpoints")
 
     @property
     def checkpoint_every_steps(self) -> int | None:

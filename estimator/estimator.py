@@ -88,7 +88,7 @@ class Estimator:
             except ValueError as e:
                 raise InvalidArgumentError(f"RunConfig.compilation_cache_dir: {e}") from e
         os.makedirs(config.model_dir, exist_ok=True)
-        self.checkpoints = Checkpoints(os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoint_max)
+        self.checkpoints = Checkpoints(config.checkpoint_directory, keep=config.keep_checkpoint_max)
         self._state = None                 # the train state on the devices, once made or restored
         self._input_state = None           # where the training input resumes after it
         self._steps = ModelSteps(self._spec, self.mesh)      # the step functions, and the host functions they saw
@@ -284,7 +284,8 @@ class Estimator:
         if self._state is not None:
             return self._state["variables"]
         if self.checkpoints.latest_step() is None:
-            raise NoCheckpointError(f"no checkpoint in {self.config.model_dir} and nothing trained: train first")
+            raise NoCheckpointError(f"no checkpoint in {self.config.checkpoint_directory} and nothing trained: "
+                                    f"train first")
         return None
 
     def _loop(self, mode: str, labels, make_step) -> xr.CompiledLoop:
@@ -400,7 +401,7 @@ class Estimator:
     def get_variables(self):
         """The latest checkpoint's variables, as a pytree of numpy arrays."""
         if self.checkpoints.latest_step() is None:
-            raise NoCheckpointError(f"no checkpoint in {self.config.model_dir}")
+            raise NoCheckpointError(f"no checkpoint in {self.config.checkpoint_directory}")
         state, _ = self.checkpoints.restore_numpy()
         return state["variables"]
 

@@ -28,3 +28,5 @@ def test_every_block_of_the_embedding_page_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "resumed: (10, 32, 8)" in out
     assert "NnxMLP" in out
+    assert "20 ['opt_state', 'rng', 'step', 'variables'] ['batch_stats', 'params']" in out, out
+    assert not os.path.exists("models/linen-events/checkpoints")

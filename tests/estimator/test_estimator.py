@@ -363,3 +363,19 @@ def test_a_scalar_loss_is_warned_of_only_when_it_ignores_the_padding_mask(files,
     ex, ey = files["eval_arrays"]
     want = optax.softmax_cross_entropy_with_integer_labels(logits_of(e.get_variables(), ex), ey).mean()
     assert result["loss"] == pytest.approx(float(want), rel=1e-4)
+
+
+def test_checkpoint_dir_puts_the_checkpoints_apart_from_model_dir(files, tmp_path):
+    config = est.RunConfig(model_dir=str(tmp_path / "model"), checkpoint_dir=tmp_path / "store", iterations_per_loop=10)
+    assert config.checkpoint_dir == str(tmp_path / "store")
+    e = est.Estimator(model_fn, init_fn, optax.sgd(0.1), config, train_batch_size=32)
+    e.train(train_input(files), max_steps=10)
+    assert e.latest_checkpoint() == str(tmp_path / "store" / "10")
+    assert not (tmp_path / "model" / "checkpoints").exists()
+    again = est.Estimator(model_fn, init_fn, optax.sgd(0.1), config, train_batch_size=32)
+    assert again.global_step() == 10                       # found there by a new estimator
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        est.RunConfig(model_dir=str(tmp_path), checkpoint_dir="")
+    with pytest.raises(est.NoCheckpointError, match="elsewhere"):
+        est.Estimator(model_fn, init_fn, optax.sgd(0.1), est.RunConfig(
+            model_dir=str(tmp_path / "model"), checkpoint_dir=tmp_path / "elsewhere")).get_variables()
