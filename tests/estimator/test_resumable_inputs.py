@@ -66,6 +66,11 @@ class Counting:
         self.i = (json.loads(state) if self.as_bytes else state)["i"]
 
 
+def ids(i):
+    """The example ids of Counting's batch i."""
+    return tuple(range(i * B, i * B + B))
+
+
 def grain_map_dataset(params):
     import grain
     n = params["batch_size"]                # an infinite, shuffled sequence of batches, prefetched by Grain's threads
@@ -110,13 +115,9 @@ def test_a_run_stopped_and_restarted_trains_on_the_batches_of_one_uninterrupted_
     assert split == whole
     if name == "an iterator with a JSON state":
         assert whole == [ids(i) for i in range(14)]
-    saved = Checkpoints(tmp_path / "split" / "checkpoints").extras()
+    with Checkpoints(tmp_path / "split" / "checkpoints") as ckpt:
+        saved = ckpt.extras()
     assert saved["global_step"] == 14 and saved["input"]["kind"] == "get_state"
-
-
-def ids(i):
-    """The example ids of Counting's batch i."""
-    return tuple(range(i * B, i * B + B))
 
 
 def test_each_checkpoint_saves_the_position_after_its_last_trained_batch_not_after_prefetched_ones(tmp_path):
