@@ -77,6 +77,10 @@ class RunConfig:
         ``model_dir/profile/process_<i>``). Whole loops are traced: from the loop holding ``first``
         (its input's wait included) to the end of the host work after the loop holding ``last``.
         None (the default): no trace. See docs/profiling.md.
+    require_resumable_input: ``train`` raises ``InputError`` before any step when its input cannot save its
+        position (an iterable whose iterator has no ``get_state()``/``set_state()``: a list, a generator);
+        False (the default): a WARNING says that such an input reads again from its beginning on the next
+        ``train`` and after a restore. See ``estimator.resumable``.
     distributed: call ``jax.distributed.initialize()`` (multi-host): with ``coordinator_address``,
         ``num_processes`` and ``process_id`` when given, else as JAX finds them in the environment.
     compilation_cache_dir: a directory (or URI) where JAX's persistent compilation cache keeps every
@@ -107,6 +111,7 @@ class RunConfig:
     process_id: int | None = None
     compilation_cache_dir: str | None = None
     profile_steps: tuple[int, int] | None = None
+    require_resumable_input: bool = False
 
     def __post_init__(self):
         _directory("model_dir", self)
@@ -143,6 +148,9 @@ class RunConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise InvalidArgumentError(f"RunConfig.seed must be an int, got {self.seed!r}")
         object.__setattr__(self, "profile_steps", _profile_steps(self.profile_steps))
+        if not isinstance(self.require_resumable_input, bool):
+            raise InvalidArgumentError(f"RunConfig.require_resumable_input must be a bool, "
+                                       f"got {self.require_resumable_input!r}")
 
     @property
     def checkpoint_directory(self) -> str:

@@ -212,6 +212,10 @@ class Estimator:
         checkpoint's input position: the same batches). Another Dataset, a
         partial last loop, or :meth:`close` stops it. A call that fails stops
         it too, and the next call resumes from the latest checkpoint.
+
+        An iterable input resumes exactly as well when its iterator has
+        ``get_state()`` / ``set_state()`` (Grain's; see :mod:`estimator.resumable`);
+        one without is warned of, or refused (``RunConfig.require_resumable_input``).
         """
         if (steps is None) == (max_steps is None):
             raise InvalidArgumentError("train needs exactly one of steps and max_steps")
@@ -230,10 +234,10 @@ class Estimator:
         source, done = None, False
         try:
             source = self._input(input_fn, ModeKeys.TRAIN, k, input_state, reuse=self._take_kept_input())
+            source.warn_unless_resumable(self.config.require_resumable_input)
             input_before = source.stats()
             loop = None
             step = start
-            before = source.state()
             profile.input_stats = source.stats
             loops = iter(source)
             while step < target:
@@ -250,9 +254,7 @@ class Estimator:
                     if n < jax.tree.leaves(batches)[0].shape[0]:
                         batches = jax.tree.map(lambda x: x[:n], batches)
                     state, outputs = loop(state, batches, first_step=step)
-                    after = source.state()
-                    input_state = after if n == k or after is None else dict(before, batch=before["batch"] + n)
-                    before = after
+                    input_state = source.state(n)       # after the n-th batch of the loop: prefetched ones not counted
                     step += n
                     bookkeeping.after_loop(step - n, n, outputs, self._steps.host_call_fn, source.wait_s)
                     bookkeeping.checkpoint_if_due(step, state, input_state)

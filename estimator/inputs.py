@@ -9,6 +9,19 @@ features, the labels (``"labels"`` for an iterable; the Dataset's ``labels``
 features), and for evaluation and prediction ``"is_padding"`` ``[B]``, so the
 last partial batch is padded, never dropped, and its padding masked.
 
+**Resuming a training input.** Each checkpoint saves, beside the step, where
+the input stands after the last batch trained on (never after the batches the
+feeder prefetched beyond it), and the next ``train`` (of this Estimator, or
+of a new one on the same ``model_dir``) resumes there. A Dataset saves its
+position (epoch, batch, seed). An iterable does when the iterator ``iter()``
+gives for it has Grain's ``get_state()`` (JSON or bytes) and
+``set_state(state)``: a ``grain.DataLoader``, a ``grain.MapDataset`` or
+``IterDataset``, any iterator of yours with the two methods
+(:mod:`estimator.resumable`); its state is taken after each batch is pulled
+and travels with that batch. Any other iterable (a list, a generator) starts
+again from its beginning: ``train`` warns of it, or refuses it with
+``RunConfig(require_resumable_input=True)``.
+
 **Several processes** (``jax.distributed``). Each process reads its own part
 of the input: a Dataset with ``num_shards=1`` is sharded by process
 (``shard_index=jax.process_index()``), and an iterable is taken to be this
@@ -23,6 +36,7 @@ from the collective, never a silent hang of the others' loop.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Iterable, Iterator
@@ -33,6 +47,7 @@ from jax.profiler import TraceAnnotation
 from jax.sharding import PartitionSpec as P
 
 import infeed
+from estimator import resumable
 from estimator.errors import InputError
 from infeed.daemon.dataset import PADDING_KEY
 from xla_runtime import Feeder
@@ -67,8 +82,13 @@ class Input:
         self._daemon = None
         self._source = source.to_json() if isinstance(source, infeed.Dataset) else None
         self.ended = False                  # the iteration ran out: nothing more to take
+        self._before, self._taken = None, 0  # the state before the last loop handed out, and its steps
         processes = jax.process_count()
         if isinstance(source, infeed.Dataset):
+            self.resumable, self.description = True, "an infeed.Dataset"
+            if resumable.is_iterator_state(state):
+                raise InputError(f"the checkpoint holds the input position of a {state.get('iterator')} iterator; "
+                                 f"input_fn gave an infeed.Dataset instead: it cannot resume there")
             if source.batch_size != batch_size:
                 raise InputError(f"input_fn's Dataset has batch_size={source.batch_size}; this mode's per-host "
                                  f"batch is {batch_size} (use params['batch_size'])")
@@ -88,10 +108,13 @@ class Input:
                 local = -(-self.dataset.count_records() // batch_size)
                 host = _aligned(host, max(_all_processes(local)), steps, padding)
         elif isinstance(source, Iterable):
-            if state is not None:
-                raise InputError("only an infeed.Dataset input can resume where a checkpoint left it")
             self.dataset, self.labels = None, None
             items = iter(source)
+            self.resumable = resumable.has_protocol(items)
+            self.description = (f"a {resumable.type_name(source)}" if items is source else
+                                f"a {resumable.type_name(source)} (iterated by a {resumable.type_name(items)})")
+            if state is not None:
+                resumable.restore(items, state, self.description)
             if exact and processes > 1:
                 items = [_as_batch(item, batch_size, exact) for item in items]
                 total = max(_all_processes(len(items)))
@@ -99,14 +122,20 @@ class Input:
                     padding = jax.tree.map(np.zeros_like, items[0] if items else _no_batch())
                     padding[PADDING_KEY][:] = True
                     items = itertools.chain(items, itertools.repeat(padding, total - len(items)))
-            host = _stacked(items, steps, batch_size, exact)
+            host = _Stacked(items, steps, batch_size, exact,
+                            functools.partial(resumable.snapshot, items) if self.resumable and not exact else None)
         else:
             raise InputError(f"input_fn must return an infeed.Dataset or an iterable of (features, labels) batches, "
                              f"got {type(source).__name__}")
         self._feeder = Feeder(host, mesh, P(None, "data"))
 
     def __iter__(self) -> Iterator:
-        for batch in self._feeder:          # not ``yield from``: it would close the feeder when a loop breaks
+        while True:                         # not ``yield from``: it would close the feeder when a loop breaks
+            before = self._feeder.state()
+            batch = next(self._feeder, None)
+            if batch is None:
+                break
+            self._before, self._taken = before, jax.tree.leaves(batch)[0].shape[0]
             yield batch
         self.ended = True                   # not on a break: a loop that stops early may go on later
 
@@ -124,9 +153,23 @@ class Input:
         return self._daemon.stats().with_consumer_stages(host_to_device=f.transfer_s,
                                                          trainer_wait=f.wait_s - f.first_wait_s)
 
-    def state(self) -> dict | None:
-        """Where the input resumes after the batches handed out (a Dataset input only)."""
-        return self._feeder.state() if self._daemon is not None else None
+    def state(self, steps: int | None = None) -> dict | None:
+        """Where the input resumes after the batches handed out (None for an input without state);
+        ``steps``: after only the first ``steps`` of the last loop handed out (a partial loop: the
+        rest of its batches were not trained on). An iterable's: its iterator's state after that batch."""
+        after = self._feeder.state()
+        partial = steps is not None and steps < self._taken
+        if self._daemon is None:            # an iterable's: its iterator's states after each batch of that loop
+            return None if after is None else after[steps - 1 if partial else -1]
+        if not partial or after is None or self._before is None:
+            return after
+        return dict(self._before, batch=self._before["batch"] + steps)
+
+    def warn_unless_resumable(self, required: bool) -> None:
+        """A WARNING that this (training) input starts again from its beginning on the next train() and
+        after a restore, or an InputError when ``required``; nothing for a resumable input."""
+        if not self.resumable:
+            resumable.not_resumable(self.description, required)
 
     def continues_at(self, state: dict | None) -> bool:
         """Whether this input (a Dataset's, not run out) hands out next the batch where ``state`` resumes."""
@@ -173,13 +216,35 @@ def _as_batch(item, batch_size: int, exact: bool) -> dict:
     return batch
 
 
-def _stacked(items: Iterator, steps: int, batch_size: int, exact: bool) -> Iterator[dict]:
-    """Host batches stacked ``steps`` at a time (fewer at the end)."""
-    while True:
-        chunk = [_as_batch(item, batch_size, exact) for item in itertools.islice(items, steps)]
-        if not chunk:
-            return
-        yield jax.tree.map(lambda *xs: np.stack(xs), *chunk)
+class _Stacked:
+    """Host batches of ``items`` stacked ``steps`` at a time (fewer at the end).
+
+    With ``snapshot`` (the iterator's state as JSON, :func:`estimator.resumable.snapshot`), it is
+    taken right after each item is pulled: :meth:`state` is the list of the states after each batch
+    of the last stack made, which the Feeder reads on its thread right after taking that stack and
+    hands back with it (``Feeder.state``), so prefetched stacks never move the position saved.
+    """
+
+    def __init__(self, items: Iterator, steps: int, batch_size: int, exact: bool, snapshot=None):
+        self._items, self._steps, self._batch_size, self._exact = items, steps, batch_size, exact
+        self._snapshot = snapshot
+        self._states = [snapshot()] if snapshot is not None else None      # where it stands before any batch
+
+    def state(self) -> list | None:
+        return self._states
+
+    def __iter__(self) -> Iterator[dict]:
+        while True:
+            chunk, states = [], []
+            for item in itertools.islice(self._items, self._steps):
+                chunk.append(_as_batch(item, self._batch_size, self._exact))
+                if self._snapshot is not None:
+                    states.append(self._snapshot())
+            if not chunk:
+                return
+            if self._snapshot is not None:
+                self._states = states
+            yield jax.tree.map(lambda *xs: np.stack(xs), *chunk)
 
 
 class _Slot(dict):
