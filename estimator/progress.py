@@ -17,7 +17,13 @@ stats`` or ``Daemon.stats()`` say which stage).
 The rates cover the steps since the previous log line; the first log line has
 none, so that compilation is never counted (as StepCounterHook's first
 trigger). :meth:`StepLogger.update` returns the rates, for the estimator to
-write as summaries too.
+write as summaries too (``quiet=True``: only that, no log line).
+
+Where the lines go: :func:`default_log_handler` gives the ``estimator`` logger a
+handler on stderr (and the INFO level) only while the application has
+configured no logging, as absl and TensorFlow do: once the root logger or the
+``estimator`` logger has a handler of the application's, the lines go there
+only, never twice. ``RunConfig(log_step_count_steps=None)`` turns it all off.
 
 >>> import logging, sys
 >>> logger = logging.getLogger("estimator.example")
@@ -48,7 +54,7 @@ import tqdm
 
 from estimator.errors import InvalidArgumentError
 
-__all__ = ["StepLogger", "batch_bar"]
+__all__ = ["StepLogger", "batch_bar", "default_log_handler"]
 
 _LOGGER = logging.getLogger("estimator")
 
@@ -61,18 +67,20 @@ class StepLogger:
     past 0). A log line is written at the first update that reaches each
     multiple of ``every_steps``. ``bar``: True shows a tqdm bar (written to
     ``bar_file``, default stderr), False never, None when stderr is a
-    terminal. ``clock`` (seconds, monotonic) is injectable for tests.
+    terminal. ``quiet``: rates measured and returned, nothing logged. ``clock`` (seconds, monotonic)
+    is injectable for tests.
     """
 
     def __init__(self, total_steps: int | None = None, every_steps: int = 100, examples_per_step: int | None = None,
                  logger: logging.Logger = _LOGGER, bar: bool | None = None, *,
-                 initial_step: int = 0, desc: str | None = None, bar_file=None,
+                 initial_step: int = 0, desc: str | None = None, bar_file=None, quiet: bool = False,
                  clock: Callable[[], float] = time.monotonic):
         if not (isinstance(every_steps, int) and every_steps >= 1):
             raise InvalidArgumentError(f"every_steps must be a positive int, got {every_steps!r}")
         self.every_steps = every_steps
         self.examples_per_step = examples_per_step
         self.logger = logger
+        self._quiet = quiet
         self._clock = clock
         self._step = initial_step
         self._logged_multiple = initial_step // every_steps
@@ -112,7 +120,7 @@ class StepLogger:
         now = self._clock()
         tensors = {"loss": loss} if loss is not None else {}
         tensors.update(extra or {})
-        if tensors:
+        if tensors and not self._quiet:
             line = ", ".join(f"{name} = {float(value):g}" for name, value in tensors.items()) + f", step = {step}"
             if self._last_log is not None:
                 line += f" ({now - self._last_log[1]:.3f} sec)"
@@ -123,10 +131,12 @@ class StepLogger:
             if self.examples_per_step is not None:
                 rates["examples/sec"] = rates["global_step/sec"] * self.examples_per_step
             for name, rate in rates.items():
-                self.logger.info("%s: %g", name, rate)
+                if not self._quiet:
+                    self.logger.info("%s: %g", name, rate)
             if input_wait_s is not None and self._last_wait is not None:
                 rates["input_wait_share"] = share = min((input_wait_s - self._last_wait) / (now - self._last_log[1]), 1)
-                self.logger.info("input wait: %.0f %% of the time", 100 * share)
+                if not self._quiet:
+                    self.logger.info("input wait: %.0f %% of the time", 100 * share)
         self._last_log = (step, now)
         self._last_wait = input_wait_s
         return rates
@@ -144,6 +154,65 @@ class StepLogger:
         self.close()
 
 
-def batch_bar(desc: str) -> tqdm.tqdm:
-    """A bar counting batches (evaluation, prediction), shown only when stderr is a terminal."""
-    return tqdm.tqdm(desc=desc, unit="batch", dynamic_ncols=True, disable=not sys.stderr.isatty())
+def batch_bar(desc: str, quiet: bool = False) -> tqdm.tqdm:
+    """A bar counting batches (evaluation, prediction), shown only when stderr is a terminal (never when ``quiet``)."""
+    return tqdm.tqdm(desc=desc, unit="batch", dynamic_ncols=True, disable=quiet or not sys.stderr.isatty())
+
+
+class _DefaultHandler(logging.Handler):
+    """The ``estimator`` logger's own handler while the application has configured no logging: each record on
+    the stderr of the moment (through tqdm, so that a progress bar is redrawn below it), as
+    ``INFO:estimator:message``. It stays silent once the application has a handler (no line twice)."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__()
+        self.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+        self.logger = logger
+        self.set_level = False                   # whether it set the logger's level (undone with it)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _configured(self.logger):
+            return
+        try:
+            tqdm.tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def _configured(logger: logging.Logger) -> bool:
+    """Whether the application has configured logging: a handler on the root logger or one of its own on
+    ``logger``."""
+    return bool(logging.getLogger().handlers) or any(not isinstance(h, _DefaultHandler) for h in logger.handlers)
+
+
+def default_log_handler(enabled: bool = True, logger: logging.Logger = _LOGGER) -> bool:
+    """Gives ``logger`` (the ``estimator`` logger) a handler on stderr, and the INFO level when its level is
+    unset, if ``enabled`` and the application has configured no logging (no handler on the root logger, none
+    on ``logger``); takes them back otherwise. The Estimator calls it as it is made and at each ``train`` and
+    ``evaluate``: an application that configures logging later gets each line once, through its handlers.
+    Returns whether the handler is on.
+
+    >>> import logging
+    >>> app = logging.getLogger("app_example")
+    >>> saved, logging.root.handlers[:] = logging.root.handlers[:], []
+    >>> default_log_handler(logger=app), app.level == logging.INFO
+    (True, True)
+    >>> logging.root.addHandler(logging.NullHandler())        # the application configures logging
+    >>> default_log_handler(logger=app), app.handlers, app.level
+    (False, [], 0)
+    >>> logging.root.handlers[:] = saved
+    """
+    ours = [h for h in logger.handlers if isinstance(h, _DefaultHandler)]
+    if enabled and not _configured(logger):
+        if not ours:
+            handler = _DefaultHandler(logger)
+            if logger.level == logging.NOTSET:
+                logger.setLevel(logging.INFO)
+                handler.set_level = True
+            logger.addHandler(handler)
+        return True
+    for handler in ours:
+        logger.removeHandler(handler)
+        if handler.set_level and logger.level == logging.INFO:
+            logger.setLevel(logging.NOTSET)
+    return False
