@@ -71,6 +71,7 @@ class Estimator:
         if config.distributed and not jax.distributed.is_initialized():
             jax.distributed.initialize(config.coordinator_address, config.num_processes, config.process_id)
         self.model_fn, self.init_fn, self.optimizer, self.config = model_fn, init_fn, optimizer, config
+        self._log_handler()                # before orbax's import, whose absl logging may configure the root logger
         self.params = dict(params or {})
         self.mesh = xr.make_mesh(config.mesh_shape)
         self.batch_sizes = {ModeKeys.TRAIN: train_batch_size, ModeKeys.EVAL: eval_batch_size or train_batch_size,
@@ -95,7 +96,6 @@ class Estimator:
         self._steps = ModelSteps(self._spec, self.mesh)      # the step functions, and the host functions they saw
         self._loops: dict = {}
         self._kept_input = None            # finalizer of the training Input kept open between train() calls
-        self._log_handler()
 
     # --- helpers ----------------------------------------------------------------------------
     def _host_batch(self, mode: str) -> int:
@@ -118,8 +118,8 @@ class Estimator:
                      workers=self.config.infeed_workers, slots=self.config.infeed_slots)
 
     def _log_handler(self) -> None:
-        """The ``estimator`` logger's own handler on stderr while the application has configured no logging
-        (and the RunConfig is not quiet: ``log_step_count_steps=None``)."""
+        """The ``estimator`` logger at INFO, with its own handler on stderr when the application has configured
+        no logging; neither when the RunConfig is quiet (``log_step_count_steps=None``)."""
         default_log_handler(self.config.log_step_count_steps is not None)
 
     def _take_kept_input(self) -> Input | None:

@@ -19,11 +19,15 @@ none, so that compilation is never counted (as StepCounterHook's first
 trigger). :meth:`StepLogger.update` returns the rates, for the estimator to
 write as summaries too (``quiet=True``: only that, no log line).
 
-Where the lines go: :func:`default_log_handler` gives the ``estimator`` logger a
-handler on stderr (and the INFO level) only while the application has
-configured no logging, as absl and TensorFlow do: once the root logger or the
-``estimator`` logger has a handler of the application's, the lines go there
-only, never twice. ``RunConfig(log_step_count_steps=None)`` turns it all off.
+Where the lines go (:func:`default_log_handler`): the ``estimator`` logger is
+at INFO unless the application set its level, and gets a handler on stderr only
+when the application has configured no logging (no handler on the root logger
+or on ``estimator``), as TensorFlow's logger does. That handler writes only
+while no other handler would: a root handler added later (the application's,
+or the one absl's ``basicConfig()`` adds at a library's first absl log line)
+takes the lines over, so no line is written twice.
+``RunConfig(log_step_count_steps=None)`` turns all this, and the progress
+lines, off.
 
 >>> import logging, sys
 >>> logger = logging.getLogger("estimator.example")
@@ -159,16 +163,19 @@ def batch_bar(desc: str, quiet: bool = False) -> tqdm.tqdm:
     return tqdm.tqdm(desc=desc, unit="batch", dynamic_ncols=True, disable=quiet or not sys.stderr.isatty())
 
 
+#: The loggers whose level :func:`default_log_handler` set (to INFO), to unset when it is disabled.
+_LEVEL_SET: set[str] = set()
+
+
 class _DefaultHandler(logging.Handler):
-    """The ``estimator`` logger's own handler while the application has configured no logging: each record on
+    """The ``estimator`` logger's own handler, for an application that configured no logging: each record on
     the stderr of the moment (through tqdm, so that a progress bar is redrawn below it), as
-    ``INFO:estimator:message``. It stays silent once the application has a handler (no line twice)."""
+    ``INFO:estimator:message``. Silent while another handler would write it (no line twice)."""
 
     def __init__(self, logger: logging.Logger):
         super().__init__()
         self.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
         self.logger = logger
-        self.set_level = False                   # whether it set the logger's level (undone with it)
 
     def emit(self, record: logging.LogRecord) -> None:
         if _configured(self.logger):
@@ -186,33 +193,37 @@ def _configured(logger: logging.Logger) -> bool:
 
 
 def default_log_handler(enabled: bool = True, logger: logging.Logger = _LOGGER) -> bool:
-    """Gives ``logger`` (the ``estimator`` logger) a handler on stderr, and the INFO level when its level is
-    unset, if ``enabled`` and the application has configured no logging (no handler on the root logger, none
-    on ``logger``); takes them back otherwise. The Estimator calls it as it is made and at each ``train`` and
-    ``evaluate``: an application that configures logging later gets each line once, through its handlers.
-    Returns whether the handler is on.
+    """Sets ``logger`` (the ``estimator`` logger) to INFO when its level is unset and, if the application has
+    configured no logging (no handler on the root logger, none on ``logger``), gives it a handler on stderr;
+    with ``enabled`` False, takes both back. The Estimator calls it as it is made and at each ``train`` and
+    ``evaluate``. The handler stays, writing only while no other handler would. Returns whether it is on.
 
     >>> import logging
     >>> app = logging.getLogger("app_example")
     >>> saved, logging.root.handlers[:] = logging.root.handlers[:], []
     >>> default_log_handler(logger=app), app.level == logging.INFO
     (True, True)
-    >>> logging.root.addHandler(logging.NullHandler())        # the application configures logging
-    >>> default_log_handler(logger=app), app.handlers, app.level
+    >>> default_log_handler(enabled=False, logger=app), app.handlers, app.level
     (False, [], 0)
-    >>> logging.root.handlers[:] = saved
+    >>> logging.root.addHandler(logging.NullHandler())        # an application that configured logging
+    >>> default_log_handler(logger=app), app.handlers, app.level == logging.INFO
+    (False, [], True)
+    >>> _ = default_log_handler(enabled=False, logger=app); logging.root.handlers[:] = saved
     """
     ours = [h for h in logger.handlers if isinstance(h, _DefaultHandler)]
-    if enabled and not _configured(logger):
-        if not ours:
-            handler = _DefaultHandler(logger)
-            if logger.level == logging.NOTSET:
-                logger.setLevel(logging.INFO)
-                handler.set_level = True
-            logger.addHandler(handler)
-        return True
-    for handler in ours:
-        logger.removeHandler(handler)
-        if handler.set_level and logger.level == logging.INFO:
+    if not enabled:
+        for handler in ours:
+            logger.removeHandler(handler)
+        if logger.name in _LEVEL_SET and logger.level == logging.INFO:
             logger.setLevel(logging.NOTSET)
-    return False
+        _LEVEL_SET.discard(logger.name)
+        return False
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+        _LEVEL_SET.add(logger.name)
+    if ours:
+        return True
+    if _configured(logger):
+        return False
+    logger.addHandler(_DefaultHandler(logger))
+    return True
