@@ -5,7 +5,7 @@
 'train'
 """
 
-from estimator import metrics
+from estimator import hooks, metrics
 from estimator.config import RunConfig
 from estimator.errors import (ArgumentTypeError, CheckpointMismatchError, CheckpointSaveError, CorruptCheckpointError,
                               CorruptExportError, CorruptSummaryError, EstimatorError, ExportExistsError,
@@ -22,5 +22,5 @@ __all__ = ["ArgumentTypeError", "CheckpointMismatchError", "CheckpointSaveError"
            "CorruptExportError", "CorruptSummaryError", "Estimator", "EstimatorError", "EstimatorSpec", "EvalSpec",
            "ExportExistsError", "ExportIntegrityError", "InputError", "InvalidArgumentError", "LoadedModel",
            "MissingDependencyError", "ModeKeys", "ModelFnError", "NoCheckpointError", "NonFiniteError",
-           "NotAnExportError", "RunConfig", "StepRngError", "TensorSpec", "TrainSpec", "export_digest", "load_exported",
-           "metrics", "step_rng", "train_and_evaluate"]
+           "NotAnExportError", "RunConfig", "StepRngError", "TensorSpec", "TrainSpec", "export_digest", "hooks",
+           "load_exported", "metrics", "step_rng", "train_and_evaluate"]

@@ -62,13 +62,17 @@ class RunConfig:
     checkpoint_dir: where the checkpoints go, ``<checkpoint_dir>/<step>/`` (a local path or a URI orbax
         writes to, e.g. ``gs://...``); None (the default): ``model_dir/checkpoints``. For a training
         system with its own layout: the events, evaluations and profiles stay in ``model_dir``.
-    save_summary_steps / log_step_count_steps: summaries and log lines cadence.
+    save_summary_steps: summaries cadence (loss, steps and examples per second, learning rate).
+    log_step_count_steps: the progress lines' cadence (``loss = ..., step = ...``, ``global_step/sec``,
+        ``examples/sec``, ``input wait``: INFO on the ``estimator`` logger, which gets a handler on stderr
+        when the application has configured no logging; see docs/porting.md). None: quiet (no progress
+        line or bar, no handler; warnings still show).
     seed: the PRNG seed of initialisation and of the train state's key.
     infeed_workers / infeed_slots: the decoding daemon's processes and ring slots.
     stop_on_nan: stop training with ``NonFiniteError`` (a ``FloatingPointError``; naming the step and
         its loop) when the loss is NaN or Inf, before that loop's state is checkpointed, and (naming
         the variable) when a state about to be checkpointed holds NaN or Inf: the last checkpoint
-        stays good.
+        stays good (the hook ``estimator.hooks.StopOnNaN``, run first in every ``train``).
     profile_steps: ``(first, last)``: ``train`` records a ``jax.profiler`` trace of the compiled loops
         that run steps ``first`` to ``last`` (step indices from 0, as ``xla_runtime.current_step()`` and
         ``host_call`` functions see them), the infeed's stages among its named events, into
@@ -100,7 +104,7 @@ class RunConfig:
     keep_checkpoint_max: int | None = 5
     checkpoint_dir: str | None = None
     save_summary_steps: int = 100
-    log_step_count_steps: int = 100
+    log_step_count_steps: int | None = 100
     seed: int = 0
     infeed_workers: int = 2
     infeed_slots: int = 4
@@ -117,9 +121,9 @@ class RunConfig:
         _directory("model_dir", self)
         _directory("compilation_cache_dir", self, allow_none=True)
         _directory("checkpoint_dir", self, allow_none=True)
-        for name in ("iterations_per_loop", "save_summary_steps", "log_step_count_steps", "infeed_workers",
-                     "infeed_slots"):
+        for name in ("iterations_per_loop", "save_summary_steps", "infeed_workers", "infeed_slots"):
             _positive(name, getattr(self, name))
+        _positive("log_step_count_steps", self.log_step_count_steps, allow_none=True)
         _positive("save_checkpoints_steps", self.save_checkpoints_steps, allow_none=True)
         _positive("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=True)
         if self.save_checkpoints_secs is not None and not self.save_checkpoints_secs > 0:

@@ -32,9 +32,10 @@ from estimator.errors import ArgumentTypeError, InputError, InvalidArgumentError
 from estimator.eval_totals import EvalTotals
 from estimator.export import export_model
 from estimator.export_integrity import export_digest
+from estimator.hooks import HookRunner
 from estimator.inputs import Input, fetch, local_part, split_batch
 from estimator.profiling import ProfileWindow
-from estimator.progress import batch_bar
+from estimator.progress import batch_bar, default_log_handler
 from estimator.spec import EstimatorSpec, ModeKeys
 from estimator.steps import ModelSteps, trainable
 from estimator.summaries import SummaryWriter
@@ -70,6 +71,7 @@ class Estimator:
         if config.distributed and not jax.distributed.is_initialized():
             jax.distributed.initialize(config.coordinator_address, config.num_processes, config.process_id)
         self.model_fn, self.init_fn, self.optimizer, self.config = model_fn, init_fn, optimizer, config
+        self._log_handler()                # before orbax's import, whose absl logging may configure the root logger
         self.params = dict(params or {})
         self.mesh = xr.make_mesh(config.mesh_shape)
         self.batch_sizes = {ModeKeys.TRAIN: train_batch_size, ModeKeys.EVAL: eval_batch_size or train_batch_size,
@@ -114,6 +116,11 @@ class Estimator:
             reuse.close()
         return Input(source, self.mesh, steps, batch, exact=mode != ModeKeys.TRAIN, state=state,
                      workers=self.config.infeed_workers, slots=self.config.infeed_slots)
+
+    def _log_handler(self) -> None:
+        """The ``estimator`` logger at INFO, with its own handler on stderr when the application has configured
+        no logging; neither when the RunConfig is quiet (``log_step_count_steps=None``)."""
+        default_log_handler(self.config.log_step_count_steps is not None)
 
     def _take_kept_input(self) -> Input | None:
         """The training input the last train() call left open (now the caller's to keep or close)."""
@@ -199,7 +206,8 @@ class Estimator:
         return jax.device_get(state) if jax.process_count() > 1 else state
 
     # --- training ---------------------------------------------------------------------------
-    def train(self, input_fn: Callable, steps: int | None = None, max_steps: int | None = None) -> "Estimator":
+    def train(self, input_fn: Callable, steps: int | None = None, max_steps: int | None = None,
+              hooks=None) -> "Estimator":
         """Trains until ``max_steps`` (global step), or for ``steps`` more; both exact (a partial last loop).
 
         Starts from the latest checkpoint of ``model_dir`` (its variables, optimizer
@@ -216,11 +224,16 @@ class Estimator:
         An iterable input resumes exactly as well when its iterator has
         ``get_state()`` / ``set_state()`` (Grain's; see :mod:`estimator.resumable`);
         one without is warned of, or refused (``RunConfig.require_resumable_input``).
+        ``hooks``: :class:`estimator.hooks.Hook` objects, told of each loop on the host (after
+        ``RunConfig.stop_on_nan``'s :class:`~estimator.hooks.StopOnNaN`); one may end training early
+        (``context.request_stop()``: the step reached is checkpointed, as at a normal end).
         """
         if (steps is None) == (max_steps is None):
             raise InvalidArgumentError("train needs exactly one of steps and max_steps")
         if self.optimizer is None:
             raise InvalidArgumentError("this Estimator has no optimizer: it cannot train")
+        run = HookRunner.of(hooks, self)
+        self._log_handler()
         k = self.config.iterations_per_loop
         start = (self.checkpoints.latest_step() or 0) if self._state is None else int(self._state["step"])
         target = max_steps if max_steps is not None else start + steps
@@ -231,10 +244,11 @@ class Estimator:
             checkpointed_input(self.checkpoints) if start else None)
         bookkeeping = TrainBookkeeping(self.config, self.checkpoints, start, target, self.batch_sizes[ModeKeys.TRAIN])
         profile = ProfileWindow(self.config, start, target)
-        source, done = None, False
+        source, done, began, error = None, False, False, None
         try:
             source = self._input(input_fn, ModeKeys.TRAIN, k, input_state, reuse=self._take_kept_input())
             source.warn_unless_resumable(self.config.require_resumable_input)
+            began = run.begin(source.wait_s)
             input_before = source.stats()
             loop = None
             step = start
@@ -256,8 +270,11 @@ class Estimator:
                     state, outputs = loop(state, batches, first_step=step)
                     input_state = source.state(n)       # after the n-th batch of the loop: prefetched ones not counted
                     step += n
+                    outputs = bookkeeping.fetch(outputs)
+                    if run.after_loop(step - n, n, outputs, source.wait_s):      # a hook stops training here
+                        target = bookkeeping.target = step
                     bookkeeping.after_loop(step - n, n, outputs, self._steps.host_call_fn, source.wait_s)
-                    bookkeeping.checkpoint_if_due(step, state, input_state)
+                    bookkeeping.checkpoint_if_due(step, state, input_state, run.before_checkpoint)
                 profile.after_loop(step)
             if loop is None:
                 raise InputError("input_fn gave no batch to train on")
@@ -268,6 +285,9 @@ class Estimator:
                 _log_input_stats(source.stats().since(input_before))
             self.checkpoints.wait()
             done = True
+        except BaseException as e:
+            error = e
+            raise
         finally:
             profile.close()
             if done and source.continues_at(input_state):
@@ -279,6 +299,7 @@ class Estimator:
                 self._state = self._input_state = None
                 self.checkpoints.wait()
             bookkeeping.close()
+            run.end(began, error)
         return self
 
     # --- evaluation and prediction ----------------------------------------------------------
@@ -309,7 +330,9 @@ class Estimator:
         """
         k = self.config.iterations_per_loop
         totals, done = EvalTotals(), 0
-        with self._input(input_fn, ModeKeys.EVAL, k) as source, batch_bar("evaluate") as bar:
+        self._log_handler()
+        quiet = self.config.log_step_count_steps is None
+        with self._input(input_fn, ModeKeys.EVAL, k) as source, batch_bar("evaluate", quiet) as bar:
             variables = None
             loop = self._loop(ModeKeys.EVAL, source.labels, self._steps.eval)
             for batches in source:
@@ -339,7 +362,7 @@ class Estimator:
         (``yield_single_examples=False``: one dict of arrays per batch). With several processes,
         each process gets the predictions of its own part of the input."""
         with self._input(input_fn, ModeKeys.PREDICT, self.config.iterations_per_loop) as source, \
-                batch_bar("predict") as bar:
+                batch_bar("predict", self.config.log_step_count_steps is None) as bar:
             loop = self._loop(ModeKeys.PREDICT, source.labels, self._steps.predict)
             variables = None
             for batches in source:

@@ -111,8 +111,9 @@ class Input:
             self.dataset, self.labels = None, None
             items = iter(source)
             self.resumable = resumable.has_protocol(items)
-            self.description = (f"a {resumable.type_name(source)}" if items is source else
-                                f"a {resumable.type_name(source)} (iterated by a {resumable.type_name(items)})")
+            self.description = (f"an object of type {resumable.type_name(source)}" if items is source else
+                                f"an object of type {resumable.type_name(source)} (iterated by "
+                                f"{resumable.type_name(items)})")
             if state is not None:
                 resumable.restore(items, state, self.description)
             if exact and processes > 1:

@@ -17,7 +17,17 @@ stats`` or ``Daemon.stats()`` say which stage).
 The rates cover the steps since the previous log line; the first log line has
 none, so that compilation is never counted (as StepCounterHook's first
 trigger). :meth:`StepLogger.update` returns the rates, for the estimator to
-write as summaries too.
+write as summaries too (``quiet=True``: only that, no log line).
+
+Where the lines go (:func:`default_log_handler`): the ``estimator`` logger is
+at INFO unless the application set its level, and gets a handler on stderr only
+when the application has configured no logging (no handler on the root logger
+or on ``estimator``), as TensorFlow's logger does. That handler writes only
+while no other handler would: a root handler added later (the application's,
+or the one absl's ``basicConfig()`` adds at a library's first absl log line)
+takes the lines over, so no line is written twice.
+``RunConfig(log_step_count_steps=None)`` turns all this, and the progress
+lines, off.
 
 >>> import logging, sys
 >>> logger = logging.getLogger("estimator.example")
@@ -48,7 +58,7 @@ import tqdm
 
 from estimator.errors import InvalidArgumentError
 
-__all__ = ["StepLogger", "batch_bar"]
+__all__ = ["StepLogger", "batch_bar", "default_log_handler"]
 
 _LOGGER = logging.getLogger("estimator")
 
@@ -61,18 +71,20 @@ class StepLogger:
     past 0). A log line is written at the first update that reaches each
     multiple of ``every_steps``. ``bar``: True shows a tqdm bar (written to
     ``bar_file``, default stderr), False never, None when stderr is a
-    terminal. ``clock`` (seconds, monotonic) is injectable for tests.
+    terminal. ``quiet``: rates measured and returned, nothing logged. ``clock`` (seconds, monotonic)
+    is injectable for tests.
     """
 
     def __init__(self, total_steps: int | None = None, every_steps: int = 100, examples_per_step: int | None = None,
                  logger: logging.Logger = _LOGGER, bar: bool | None = None, *,
-                 initial_step: int = 0, desc: str | None = None, bar_file=None,
+                 initial_step: int = 0, desc: str | None = None, bar_file=None, quiet: bool = False,
                  clock: Callable[[], float] = time.monotonic):
         if not (isinstance(every_steps, int) and every_steps >= 1):
             raise InvalidArgumentError(f"every_steps must be a positive int, got {every_steps!r}")
         self.every_steps = every_steps
         self.examples_per_step = examples_per_step
         self.logger = logger
+        self._quiet = quiet
         self._clock = clock
         self._step = initial_step
         self._logged_multiple = initial_step // every_steps
@@ -112,7 +124,7 @@ class StepLogger:
         now = self._clock()
         tensors = {"loss": loss} if loss is not None else {}
         tensors.update(extra or {})
-        if tensors:
+        if tensors and not self._quiet:
             line = ", ".join(f"{name} = {float(value):g}" for name, value in tensors.items()) + f", step = {step}"
             if self._last_log is not None:
                 line += f" ({now - self._last_log[1]:.3f} sec)"
@@ -123,10 +135,12 @@ class StepLogger:
             if self.examples_per_step is not None:
                 rates["examples/sec"] = rates["global_step/sec"] * self.examples_per_step
             for name, rate in rates.items():
-                self.logger.info("%s: %g", name, rate)
+                if not self._quiet:
+                    self.logger.info("%s: %g", name, rate)
             if input_wait_s is not None and self._last_wait is not None:
                 rates["input_wait_share"] = share = min((input_wait_s - self._last_wait) / (now - self._last_log[1]), 1)
-                self.logger.info("input wait: %.0f %% of the time", 100 * share)
+                if not self._quiet:
+                    self.logger.info("input wait: %.0f %% of the time", 100 * share)
         self._last_log = (step, now)
         self._last_wait = input_wait_s
         return rates
@@ -144,6 +158,72 @@ class StepLogger:
         self.close()
 
 
-def batch_bar(desc: str) -> tqdm.tqdm:
-    """A bar counting batches (evaluation, prediction), shown only when stderr is a terminal."""
-    return tqdm.tqdm(desc=desc, unit="batch", dynamic_ncols=True, disable=not sys.stderr.isatty())
+def batch_bar(desc: str, quiet: bool = False) -> tqdm.tqdm:
+    """A bar counting batches (evaluation, prediction), shown only when stderr is a terminal (never when ``quiet``)."""
+    return tqdm.tqdm(desc=desc, unit="batch", dynamic_ncols=True, disable=quiet or not sys.stderr.isatty())
+
+
+#: The loggers whose level :func:`default_log_handler` set (to INFO), to unset when it is disabled.
+_LEVEL_SET: set[str] = set()
+
+
+class _DefaultHandler(logging.Handler):
+    """The ``estimator`` logger's own handler, for an application that configured no logging: each record on
+    the stderr of the moment (through tqdm, so that a progress bar is redrawn below it), as
+    ``INFO:estimator:message``. Silent while another handler would write it (no line twice)."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__()
+        self.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+        self.logger = logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _configured(self.logger):
+            return
+        try:
+            tqdm.tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def _configured(logger: logging.Logger) -> bool:
+    """Whether the application has configured logging: a handler on the root logger or one of its own on
+    ``logger``."""
+    return bool(logging.getLogger().handlers) or any(not isinstance(h, _DefaultHandler) for h in logger.handlers)
+
+
+def default_log_handler(enabled: bool = True, logger: logging.Logger = _LOGGER) -> bool:
+    """Sets ``logger`` (the ``estimator`` logger) to INFO when its level is unset and, if the application has
+    configured no logging (no handler on the root logger, none on ``logger``), gives it a handler on stderr;
+    with ``enabled`` False, takes both back. The Estimator calls it as it is made and at each ``train`` and
+    ``evaluate``. The handler stays, writing only while no other handler would. Returns whether it is on.
+
+    >>> import logging
+    >>> app = logging.getLogger("app_example")
+    >>> saved, logging.root.handlers[:] = logging.root.handlers[:], []
+    >>> default_log_handler(logger=app), app.level == logging.INFO
+    (True, True)
+    >>> default_log_handler(enabled=False, logger=app), app.handlers, app.level
+    (False, [], 0)
+    >>> logging.root.addHandler(logging.NullHandler())        # an application that configured logging
+    >>> default_log_handler(logger=app), app.handlers, app.level == logging.INFO
+    (False, [], True)
+    >>> _ = default_log_handler(enabled=False, logger=app); logging.root.handlers[:] = saved
+    """
+    ours = [h for h in logger.handlers if isinstance(h, _DefaultHandler)]
+    if not enabled:
+        for handler in ours:
+            logger.removeHandler(handler)
+        if logger.name in _LEVEL_SET and logger.level == logging.INFO:
+            logger.setLevel(logging.NOTSET)
+        _LEVEL_SET.discard(logger.name)
+        return False
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+        _LEVEL_SET.add(logger.name)
+    if ours:
+        return True
+    if _configured(logger):
+        return False
+    logger.addHandler(_DefaultHandler(logger))
+    return True

@@ -1,7 +1,7 @@
-"""The host side of training between its compiled loops: each loop's losses checked
-(``RunConfig.stop_on_nan``), ``host_call`` run for each of its steps, log lines and summaries, and
-checkpoints on the RunConfig's cadence (a state holding NaN or Inf never saved, each process's input
-position saved with it); where the input resumes from the latest checkpoint. Each part is a named
+"""The host side of training between its compiled loops: each loop's outputs fetched, ``host_call`` run for
+each of its steps, log lines and summaries, and checkpoints on the RunConfig's cadence (each process's input
+position saved with it; ``before_save``, the hooks' ``before_checkpoint``, may refuse one: ``StopOnNaN``
+refuses a state holding NaN or Inf); where the input resumes from the latest checkpoint. Each part is a named
 ``jax.profiler`` event (``estimator/fetch_outputs``, ``estimator/host_call``, ``estimator/summaries``,
 ``estimator/checkpoint``) in a profile (``RunConfig.profile_steps``).
 """
@@ -11,24 +11,17 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.profiler import TraceAnnotation
 
 from estimator.checkpoints import Checkpoints
 from estimator.config import RunConfig
-from estimator.errors import CheckpointMismatchError, NonFiniteError
+from estimator.errors import CheckpointMismatchError
 from estimator.inputs import fetch, gather_json
 from estimator.progress import StepLogger
 from estimator.summaries import SummaryWriter
 
 __all__ = ["TrainBookkeeping", "checkpointed_input"]
-
-
-@jax.jit
-def _all_finite(leaves):
-    """Whether each array of ``leaves`` is free of NaN and Inf, as one bool array."""
-    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
 
 
 def checkpointed_input(checkpoints: Checkpoints) -> dict | None:
@@ -53,22 +46,22 @@ class TrainBookkeeping:
                  examples_per_step: int):
         self.config, self.checkpoints, self.target = config, checkpoints, target
         self.writer = SummaryWriter(config.model_dir)
-        self.logger = StepLogger(total_steps=target, every_steps=config.log_step_count_steps,
-                                 examples_per_step=examples_per_step, initial_step=start, desc="train")
+        quiet = config.log_step_count_steps is None          # rates still measured, for the summaries
+        self.logger = StepLogger(total_steps=target, examples_per_step=examples_per_step, initial_step=start,
+                                 every_steps=config.log_step_count_steps or config.save_summary_steps, desc="train",
+                                 bar=False if quiet else None, quiet=quiet)
         self._saved_step, self._saved_time = start, time.monotonic()
 
+    @staticmethod
+    def fetch(outputs: dict) -> dict:
+        """A loop's outputs as numpy (waits for the loop to end)."""
+        with TraceAnnotation("estimator/fetch_outputs"):
+            return fetch(outputs)
+
     def after_loop(self, first: int, n: int, outputs: dict, host_call_fn, input_wait_s: float | None = None) -> None:
-        """Checks the loss, runs the host_call, logs, and writes summaries (every save_summary_steps and at the end);
-        ``input_wait_s``: the seconds the loops have waited for their input so far."""
-        with TraceAnnotation("estimator/fetch_outputs"):       # waits for the loop to end
-            outputs = fetch(outputs)
+        """Runs the host_call, logs, and writes summaries (every save_summary_steps and at the end) of a loop's
+        outputs (:meth:`fetch`'s); ``input_wait_s``: the seconds the loops have waited for their input so far."""
         losses = np.asarray(outputs["loss"])
-        if self.config.stop_on_nan and not np.all(np.isfinite(losses)):
-            bad = int(np.flatnonzero(~np.isfinite(losses))[0])
-            raise NonFiniteError(
-                f"the loss is {losses[bad]} at step {first + bad + 1} (in the loop of steps {first + 1}..{first + n}); "
-                f"training stopped and this loop's state was not saved: the last checkpoint is "
-                f"{self._last_checkpoint()} (RunConfig(stop_on_nan=False) trains on)")
         if "host_call" in outputs:
             with TraceAnnotation("estimator/host_call"):
                 for i in range(n):
@@ -84,13 +77,13 @@ class TrainBookkeeping:
                     scalars["learning_rate"] = float(np.asarray(outputs["learning_rate"])[-1])
                 self.writer.scalars(scalars, step)
 
-    def checkpoint_if_due(self, step: int, state, input_state: dict | None) -> None:
+    def checkpoint_if_due(self, step: int, state, input_state: dict | None, before_save=None) -> None:
         """Saves ``state`` as checkpoint ``step``, with each process's input position, when the cadence
-        says so or at ``target``; a state holding NaN or Inf is refused first (``stop_on_nan``)."""
+        says so or at ``target``; ``before_save(step, state)`` first (the hooks' ``before_checkpoint``)."""
         if self._due(step - self._saved_step, time.monotonic() - self._saved_time) or step >= self.target:
             with TraceAnnotation("estimator/checkpoint"):
-                if self.config.stop_on_nan:
-                    self._check_finite(state, step)
+                if before_save is not None:
+                    before_save(step, state)
                 inputs = gather_json(input_state)       # each process's own input position
                 self.checkpoints.save(step, state, {"input": inputs if len(inputs) > 1 else input_state,
                                                     "global_step": step})
@@ -110,22 +103,3 @@ class TrainBookkeeping:
             from jax.experimental import multihost_utils
             due = bool(multihost_utils.broadcast_one_to_all(np.bool_(due)))
         return due
-
-    def _check_finite(self, state, step: int) -> None:
-        """Raises NonFiniteError if a float leaf of the train state about to be checkpointed holds
-        a NaN or Inf (the loss, computed before each update, cannot show the last step's update)."""
-        leaves = [(path, x) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
-                  if jnp.issubdtype(x.dtype, jnp.inexact)]
-        finite = fetch(_all_finite([x for _, x in leaves])) if leaves else np.ones(0, bool)
-        if finite.all():
-            return
-        raise NonFiniteError(
-            f"the train state's {jax.tree_util.keystr(leaves[int(np.flatnonzero(~finite)[0])][0])} holds NaN or Inf "
-            f"after step {step} (the loss was finite up to it); training stopped and this state was not saved: the "
-            f"last checkpoint is {self._last_checkpoint()} (RunConfig(stop_on_nan=False) trains on)")
-
-    def _last_checkpoint(self) -> str:
-        """``step N`` of the latest checkpoint once the saves in flight are done, or ``none``."""
-        self.checkpoints.wait()
-        latest = self.checkpoints.latest_step()
-        return "none" if latest is None else f"step {latest}"

@@ -19,8 +19,6 @@ The exit status is 1 when the held-out accuracy is below ``--min-accuracy``
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import math
 import os
 import sys
@@ -128,7 +126,8 @@ def job_parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap.add_argument("--dir", help="where the TFRecords, the model directory and the export go "
                                   "(default: a new temporary directory, kept for TensorBoard)")
     ap.add_argument("--model-dir", help="the Estimator's model_dir (default: DIR/model); must be new or empty")
-    ap.add_argument("--quiet", action="store_true", help="no estimator log lines, only the table")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no estimator progress lines, only the table (RunConfig(log_step_count_steps=None))")
     return ap
 
 
@@ -153,25 +152,6 @@ def _tags(logdir: str) -> str:
     return ", ".join(scalars) or "none"
 
 
-@contextlib.contextmanager
-def _estimator_log(quiet: bool):
-    """The estimator's progress lines on stderr while the block runs, once (not again through the root
-    logger); none when ``quiet``."""
-    logger = logging.getLogger("estimator")
-    saved = logger.level, logger.propagate
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    if not quiet:
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.level, logger.propagate = saved
-
-
 def report(title: str, rows: list[tuple[str, str]], model_dir: str, failed: list[str]) -> int:
     """Prints ``(name, value)`` rows under ``title``, aligned, then where TensorBoard finds the summaries and the
     result; returns the exit status (1 when a check in ``failed`` did not pass)."""
@@ -191,16 +171,16 @@ def report(title: str, rows: list[tuple[str, str]], model_dir: str, failed: list
 
 
 def run_job(args, prefix: str, job) -> int:
-    """``job(args, root, model_dir)``'s exit status, the estimator's log lines on stderr unless ``--quiet``: ROOT is
-    ``--dir`` (default: a new temporary directory named ``prefix...``), MODEL_DIR ``--model-dir`` (default:
-    ROOT/model). 2, said on stderr, when the model directory holds a previous run."""
+    """``job(args, root, model_dir)``'s exit status: ROOT is ``--dir`` (default: a new temporary directory named
+    ``prefix...``), MODEL_DIR ``--model-dir`` (default: ROOT/model). 2, said on stderr, when the model directory
+    holds a previous run. The estimator's progress lines go to stderr (its own handler, as nothing here configures
+    logging) unless ``--quiet``, which the job's RunConfig turns into ``log_step_count_steps=None``."""
     root = args.dir or tempfile.mkdtemp(prefix=prefix)
     model_dir = args.model_dir or os.path.join(root, "model")
     if os.path.isdir(model_dir) and os.listdir(model_dir):
         print(f"{model_dir} is not empty (a previous run?): give a new --dir or --model-dir", file=sys.stderr)
         return 2
-    with _estimator_log(args.quiet):
-        return job(args, root, model_dir)
+    return job(args, root, model_dir)
 
 
 def main(argv=None) -> int:
@@ -222,7 +202,8 @@ def run(args, root: str, model_dir: str) -> int:
 
     k = args.iterations_per_loop
     config = est.RunConfig(model_dir=model_dir, iterations_per_loop=k, save_checkpoints_steps=args.steps,
-                           save_summary_steps=k, log_step_count_steps=max(k, args.steps // 4 // k * k), seed=args.seed,
+                           save_summary_steps=k, seed=args.seed,
+                           log_step_count_steps=None if args.quiet else max(k, args.steps // 4 // k * k),
                            infeed_workers=args.workers)
     estimator = est.Estimator(model_fn, make_init_fn(args.hidden), optax.adam(args.learning_rate), config,
                               train_batch_size=args.batch_size, eval_batch_size=args.eval_batch_size)

@@ -258,7 +258,8 @@ def run(args, root: str, model_dir: str) -> int:
 
     k = args.iterations_per_loop
     config = est.RunConfig(model_dir=model_dir, iterations_per_loop=k, save_checkpoints_steps=args.steps,
-                           save_summary_steps=k, log_step_count_steps=k, seed=args.seed, infeed_workers=args.workers)
+                           save_summary_steps=k, log_step_count_steps=None if args.quiet else k, seed=args.seed,
+                           infeed_workers=args.workers)
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.learning_rate, min(100, args.steps // 10), args.steps)
     estimator = est.Estimator(model_fn, init_fn, optax.adam(schedule), config,
                               train_batch_size=args.batch_size, eval_batch_size=args.eval_batch_size)

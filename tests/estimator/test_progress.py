@@ -1,12 +1,18 @@
-"""StepLogger: TPUEstimator's log lines at their cadence, rates from an injected clock, and the tqdm bar."""
+"""StepLogger: TPUEstimator's log lines at their cadence, rates from an injected clock, and the tqdm bar; where
+the lines go (the estimator logger's own handler only while the application has configured no logging)."""
 
+import contextlib
 import io
 import logging
 
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from estimator.progress import StepLogger
+import estimator as est
+from estimator import progress
+from estimator.progress import StepLogger, default_log_handler
 
 
 class FakeClock:
@@ -134,3 +140,135 @@ def test_logs_the_share_of_time_spent_waiting_for_input(caplog, clock):
     assert messages(caplog)[-1] == "input wait: 25 % of the time"
     clock.now += 4.0
     assert "input_wait_share" not in log.update(300, loss=1.0)       # no figure given: none logged
+
+
+def test_quiet_measures_the_rates_and_logs_nothing(caplog, clock):
+    caplog.set_level(logging.INFO, logger="estimator")
+    log = StepLogger(every_steps=10, examples_per_step=4, bar=False, quiet=True, clock=clock)
+    log.update(10, loss=1.0, input_wait_s=0.0)
+    clock.now += 2.0
+    assert log.update(20, loss=0.5, input_wait_s=1.0) == {"global_step/sec": 5.0, "examples/sec": 20.0,
+                                                          "input_wait_share": 0.5}
+    assert messages(caplog) == []
+
+
+# --- where the lines go -----------------------------------------------------------------------
+
+@contextlib.contextmanager
+def unconfigured_logging():
+    """The state of a program that has configured no logging (pytest's own handlers set aside), restored after."""
+    root, logger = logging.getLogger(), logging.getLogger("estimator")
+    saved = root.handlers[:], logger.handlers[:], logger.level, logger.propagate, progress._LEVEL_SET.copy()
+    root.handlers[:], logger.handlers[:] = [], []
+    logger.setLevel(logging.NOTSET)
+    progress._LEVEL_SET.clear()
+    try:
+        yield logger
+    finally:
+        root.handlers[:], logger.handlers[:] = saved[:2]
+        logger.setLevel(saved[2])
+        logger.propagate = saved[3]
+        progress._LEVEL_SET.clear()
+        progress._LEVEL_SET.update(saved[4])
+
+
+class Collect(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_the_estimator_logger_gets_a_handler_only_when_the_application_has_configured_none(capsys):
+    with unconfigured_logging() as logger:
+        assert default_log_handler() and logger.level == logging.INFO
+        assert default_log_handler() and len(logger.handlers) == 1          # once, however often asked
+        logger.info("loss = 0.5, step = 100")
+        assert capsys.readouterr().err == "INFO:estimator:loss = 0.5, step = 100\n"
+        app = Collect()
+        logging.getLogger().addHandler(app)          # a root handler later (the application's, or absl's)
+        logger.info("step = 200")
+        assert capsys.readouterr().err == "" and app.lines == ["step = 200"]       # once, through the root's
+        assert default_log_handler() and logger.level == logging.INFO              # the level stays
+        assert not default_log_handler(enabled=False)                              # quiet: all taken back
+        assert logger.handlers == [] and logger.level == logging.NOTSET
+    with unconfigured_logging() as logger:
+        app = Collect()
+        logging.getLogger().addHandler(app)          # the application configured logging first: its handlers only
+        assert not default_log_handler() and logger.handlers == [] and logger.level == logging.INFO
+        logger.info("step = 300")
+        assert capsys.readouterr().err == "" and app.lines == ["step = 300"]
+        default_log_handler(enabled=False)
+    with unconfigured_logging() as logger:
+        own = Collect()
+        logger.addHandler(own)                       # or a handler of its own on the estimator logger
+        assert not default_log_handler() and logger.handlers == [own]
+    with unconfigured_logging() as logger:
+        logger.setLevel(logging.WARNING)             # a level the application chose is kept, and stays
+        assert default_log_handler() and logger.level == logging.WARNING
+        assert not default_log_handler(enabled=False) and logger.handlers == [] and logger.level == logging.WARNING
+
+
+def model_fn(variables, features, labels, mode, params):
+    return est.EstimatorSpec(mode, loss=jnp.mean((features["x"] @ variables["params"]["w"] - labels) ** 2))
+
+
+class Repeat:
+    """One batch again and again, from an iterator that says where it is (so train() does not warn)."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.batch
+
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+
+
+def train(model_dir, log_step_count_steps):
+    x = np.ones((8, 3), np.float32)
+    config = est.RunConfig(model_dir=str(model_dir), iterations_per_loop=5, save_summary_steps=10,
+                           log_step_count_steps=log_step_count_steps)
+    e = est.Estimator(model_fn, lambda rng, features: {"params": {"w": jnp.zeros(3)}}, optax.sgd(0.1), config,
+                      train_batch_size=8)
+    e.train(lambda params: Repeat(({"x": x}, np.ones(8, np.float32))), max_steps=20)
+    return e
+
+
+def test_an_estimator_logs_its_progress_at_info_by_default_and_nothing_when_quiet(tmp_path, capsys):
+    with unconfigured_logging():
+        train(tmp_path / "default", 10)
+        err = capsys.readouterr().err.splitlines()
+        assert [line.split(", step = ")[1].split()[0] for line in err if ", step = " in line] == ["10", "20"]
+        assert err[0].startswith("INFO:estimator:loss = ")
+        assert any(line.startswith("INFO:estimator:global_step/sec: ") for line in err)
+        assert any(line.startswith("INFO:estimator:examples/sec: ") for line in err)
+        assert any(line.startswith("INFO:estimator:input wait: ") for line in err)
+        train(tmp_path / "quiet", None)
+        assert capsys.readouterr().err == "" and logging.getLogger("estimator").handlers == []
+        assert "global_step/sec" in est.summaries.read_scalars(tmp_path / "quiet")        # still measured
+        logging.getLogger("estimator").warning("a warning")          # still shown (a root handler or Python's
+        assert capsys.readouterr().err.endswith("a warning\n")      # last resort)
+
+
+def test_an_application_that_configured_logging_gets_each_line_once(tmp_path, capsys):
+    with unconfigured_logging():
+        app, root = Collect(), logging.getLogger()
+        root.addHandler(app)
+        level = root.level
+        root.setLevel(logging.INFO)                  # as logging.basicConfig(level=logging.INFO) does
+        try:
+            train(tmp_path, 10)
+        finally:
+            root.setLevel(level)
+        assert capsys.readouterr().err == ""
+        assert [line.split(", step = ")[1].split()[0] for line in app.lines if ", step = " in line] == ["10", "20"]

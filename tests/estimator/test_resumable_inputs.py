@@ -158,7 +158,7 @@ def test_an_input_without_state_is_warned_of_and_refused_when_required(tmp_path,
     with caplog.at_level(logging.WARNING, logger="estimator"):
         make(tmp_path / "warned", seen).train(lambda params: batches, steps=4)
     warnings = [r.getMessage() for r in caplog.records if r.name == "estimator" and r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "input_fn gave a list (iterated by a list_iterator)" in warnings[0]
+    assert len(warnings) == 1 and "input_fn gave an object of type list (iterated by list_iterator)" in warnings[0]
     assert "read it again from its beginning" in warnings[0] and "require_resumable_input=True" in warnings[0]
     assert len(seen) == 4
     caplog.clear()
@@ -168,7 +168,7 @@ def test_an_input_without_state_is_warned_of_and_refused_when_required(tmp_path,
 
     seen.clear()
     e = make(tmp_path / "refused", seen, require_resumable_input=True)
-    with pytest.raises(est.InputError, match=r"a generator, which cannot save its position.*"
+    with pytest.raises(est.InputError, match=r"of type generator, which cannot save its position.*"
                                              r"require_resumable_input=True"):
         e.train(lambda params: (b for b in batches), steps=4)
     assert seen == [] and e.global_step() == 0 and e.latest_checkpoint() is None
@@ -203,8 +203,8 @@ def test_a_state_that_is_not_json_is_a_clear_error_before_any_step(state, proble
 
 def test_a_checkpointed_iterator_position_needs_an_input_that_can_take_it(tmp_path):
     make(tmp_path, []).train(lambda params: Counting(), steps=3)
-    with pytest.raises(est.InputError, match="holds the input position of a .*Counting iterator; input_fn gave a "
-                                             "list .*has no get_state"):
+    with pytest.raises(est.InputError, match="holds the input position of a .*Counting iterator; input_fn gave an "
+                                             "object of type list .*has no get_state"):
         make(tmp_path, []).train(lambda params: [batch_of(range(B))] * 3, steps=3)
 
     class Refusing(Counting):
