@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from jax.sharding import PartitionSpec as P
 
 from estimator.errors import InvalidArgumentError
+from estimator.writers.protocol import check_writer_entries
+from estimator.writers.tensorboard import TensorBoardWriter
 
 __all__ = ["RunConfig"]
 
@@ -82,6 +84,16 @@ class RunConfig:
         the Estimator when it is made, for the whole process (JAX has one such cache per process: an
         Estimator asking for another directory than the process's raises ``InvalidArgumentError``). None:
         the process's setting is left as it is (JAX's default: no cache).
+    writers: where summaries go: training's (loss, rates, learning rate; what ``host_call`` functions
+        return) and each evaluation's results go to every writer, on process 0. Each entry is a writer
+        factory, a class or function made into a writer for each ``train`` / ``evaluate`` call from the
+        run's log directory (``model_dir``; ``model_dir/eval``, ``model_dir/eval_<name>``) and closed when
+        the call ends, or one ``estimator.writers.MetricWriter`` object shared by every call (flushed at
+        the end of each, never closed by the estimator; evaluation's tags prefixed ``eval/``). Default:
+        ``(TensorBoardWriter,)``, event files as TensorBoard reads them; add
+        ``estimator.writers.JsonLinesWriter`` for ``metrics.jsonl`` files, or your tracker's writer. An
+        entry that is neither raises ``InvalidArgumentError`` naming it and the methods it lacks. See
+        ``estimator/writers/`` and docs/porting.md.
     """
 
     model_dir: str
@@ -103,6 +115,7 @@ class RunConfig:
     process_id: int | None = None
     compilation_cache_dir: str | None = None
     profile_steps: tuple[int, int] | None = None
+    writers: tuple = (TensorBoardWriter,)
 
     def __post_init__(self):
         _directory("model_dir", self)
@@ -138,6 +151,7 @@ class RunConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise InvalidArgumentError(f"RunConfig.seed must be an int, got {self.seed!r}")
         object.__setattr__(self, "profile_steps", _profile_steps(self.profile_steps))
+        object.__setattr__(self, "writers", check_writer_entries(self.writers))
 
     @property
     def checkpoint_every_steps(self) -> int | None:
