@@ -14,7 +14,8 @@ edges[i + 1])`` (equal-width buckets: ``matplotlib``'s ``stairs(counts, edges)``
 image's PNG is written beside the file (``path`` is relative to it; a batch [N, H, W, C] gives N
 lines with ``index`` 0 ... N-1 and files ``<step>_<index>.png``), or not at all with
 ``save_images=False`` (the line keeps the shape). Values that are not finite are written as
-Python's ``json`` writes them (``NaN``, ``Infinity``), which ``json.loads`` and pandas read.
+Python's ``json`` writes them (``NaN``, ``Infinity``, ``-Infinity``): ``json.loads`` reads them, strict
+JSON parsers do not.
 
 The file is opened for appending: a restarted run adds to it (steps written again after a resume
 from an earlier checkpoint appear twice, the later lines the newer values), and a last line cut

@@ -6,6 +6,7 @@ The method names and arguments are those of CLU's ``clu.metric_writers.MetricWri
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -54,8 +55,15 @@ def _missing(obj) -> list[str]:
 
 
 def _described(obj) -> str:
-    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
-    return f"{name!s} ({'a class' if isinstance(obj, type) else type(obj).__name__})"
+    """``obj`` in a message: a class or function by its name, anything else by its repr and type."""
+    if isinstance(obj, type):
+        return f"the class {obj.__qualname__}"
+    name = getattr(obj, "__qualname__", None)
+    if isinstance(name, str):
+        return f"{name} (a {type(obj).__name__})"
+    if type(obj).__repr__ is object.__repr__:
+        return f"an object of class {type(obj).__name__}"
+    return f"{reprlib.repr(obj)} (a {type(obj).__name__})"
 
 
 _WHAT = ("a MetricWriter (an object with " + ", ".join(METHODS[:-1]) + " and " + METHODS[-1]
@@ -78,7 +86,7 @@ def check_writer_entries(entries, where: str = "RunConfig.writers") -> tuple:
     for i, entry in enumerate(entries):
         missing = _missing(entry)
         if isinstance(entry, type) and missing:
-            raise InvalidArgumentError(f"{where}[{i}] must be {_WHAT}; got the class {entry.__qualname__}, "
+            raise InvalidArgumentError(f"{where}[{i}] must be {_WHAT}; got {_described(entry)}, "
                                        f"which lacks {', '.join(missing)}")
         if missing and (len(missing) < len(METHODS) or not callable(entry)):
             raise InvalidArgumentError(f"{where}[{i}] must be {_WHAT}; got {_described(entry)}, "
