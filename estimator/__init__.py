@@ -5,7 +5,7 @@
 'train'
 """
 
-from estimator import hooks, metrics
+from estimator import hooks, metrics, writers
 from estimator.config import RunConfig
 from estimator.errors import (ArgumentTypeError, CheckpointMismatchError, CheckpointSaveError, CorruptCheckpointError,
                               CorruptExportError, CorruptSummaryError, EstimatorError, ExportExistsError,
@@ -23,4 +23,4 @@ __all__ = ["ArgumentTypeError", "CheckpointMismatchError", "CheckpointSaveError"
            "ExportExistsError", "ExportIntegrityError", "InputError", "InvalidArgumentError", "LoadedModel",
            "MissingDependencyError", "ModeKeys", "ModelFnError", "NoCheckpointError", "NonFiniteError",
            "NotAnExportError", "RunConfig", "StepRngError", "TensorSpec", "TrainSpec", "export_digest", "hooks",
-           "load_exported", "metrics", "step_rng", "train_and_evaluate"]
+           "load_exported", "metrics", "step_rng", "train_and_evaluate", "writers"]

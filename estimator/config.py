@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from jax.sharding import PartitionSpec as P
 
 from estimator.errors import InvalidArgumentError
+from estimator.writers.protocol import check_writer_entries
+from estimator.writers.tensorboard import TensorBoardWriter
 
 __all__ = ["RunConfig"]
 
@@ -93,6 +95,16 @@ class RunConfig:
         the Estimator when it is made, for the whole process (JAX has one such cache per process: an
         Estimator asking for another directory than the process's raises ``InvalidArgumentError``). None:
         the process's setting is left as it is (JAX's default: no cache).
+    writers: where summaries go: training's (loss, rates, learning rate; what ``host_call`` functions
+        return) and each evaluation's results go to every writer, on process 0. Each entry is a writer
+        factory, a class or function made into a writer for each ``train`` / ``evaluate`` call from the
+        run's log directory (``model_dir``; ``model_dir/eval``, ``model_dir/eval_<name>``) and closed when
+        the call ends, or one ``estimator.writers.MetricWriter`` object shared by every call (flushed at
+        the end of each, never closed by the estimator; evaluation's tags prefixed ``eval/``). Default:
+        ``(TensorBoardWriter,)``, event files as TensorBoard reads them; add
+        ``estimator.writers.JsonLinesWriter`` for ``metrics.jsonl`` files, or your tracker's writer. An
+        entry that is neither raises ``InvalidArgumentError`` naming it and the methods it lacks. See
+        ``estimator/writers/`` and docs/porting.md.
     """
 
     model_dir: str
@@ -116,6 +128,7 @@ class RunConfig:
     compilation_cache_dir: str | None = None
     profile_steps: tuple[int, int] | None = None
     require_resumable_input: bool = False
+    writers: tuple = (TensorBoardWriter,)
 
     def __post_init__(self):
         _directory("model_dir", self)
@@ -155,6 +168,7 @@ class RunConfig:
         if not isinstance(self.require_resumable_input, bool):
             raise InvalidArgumentError(f"RunConfig.require_resumable_input must be a bool, "
                                        f"got {self.require_resumable_input!r}")
+        object.__setattr__(self, "writers", check_writer_entries(self.writers))
 
     @property
     def checkpoint_directory(self) -> str:

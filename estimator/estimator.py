@@ -38,9 +38,9 @@ from estimator.profiling import ProfileWindow
 from estimator.progress import batch_bar, default_log_handler
 from estimator.spec import EstimatorSpec, ModeKeys
 from estimator.steps import ModelSteps, trainable
-from estimator.summaries import SummaryWriter
 from estimator.train_loop import TrainBookkeeping, checkpointed_input
 from estimator.warm_start import warm_start
+from estimator.writers.run_writers import RunWriters, hparams_of
 
 if TYPE_CHECKING:
     import optax
@@ -242,7 +242,8 @@ class Estimator:
             return self
         input_state = self._input_state if self._state is not None else (
             checkpointed_input(self.checkpoints) if start else None)
-        bookkeeping = TrainBookkeeping(self.config, self.checkpoints, start, target, self.batch_sizes[ModeKeys.TRAIN])
+        bookkeeping = TrainBookkeeping(self.config, self.checkpoints, start, target, self.batch_sizes[ModeKeys.TRAIN],
+                                       hparams=hparams_of(self.params, train_batch_size=self.batch_sizes[ModeKeys.TRAIN]))
         profile = ProfileWindow(self.config, start, target)
         source, done, began, error = None, False, False, None
         try:
@@ -298,7 +299,7 @@ class Estimator:
                 # The state in memory went to a loop that did not finish (donated): go on from the checkpoint.
                 self._state = self._input_state = None
                 self.checkpoints.wait()
-            bookkeeping.close()
+            bookkeeping.close(failed=not done)
             run.end(began, error)
         return self
 
@@ -351,8 +352,8 @@ class Estimator:
                 if steps is not None and done >= steps:
                     break
         result = totals.result(self.global_step(), self._steps.metric_fn)
-        with SummaryWriter(os.path.join(self.config.model_dir, f"eval_{name}" if name else "eval")) as writer:
-            writer.scalars({k: v for k, v in result.items() if isinstance(v, float)}, result["global_step"])
+        with RunWriters(self.config.writers, self.config.model_dir, f"eval_{name}" if name else "eval") as writers:
+            writers.write_scalars(result["global_step"], {k: v for k, v in result.items() if isinstance(v, float)})
         _log.info("evaluation at step %d: %s", result["global_step"],
                   ", ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}" for k, v in result.items()))
         return result

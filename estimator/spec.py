@@ -35,7 +35,10 @@ class EstimatorSpec:
         ``metric_fn(*tensors)`` (a list) runs on the host over every evaluated example's
         tensors (padding removed) and returns ``{name: value}``.
     host_call: ``(fn, tensors)``: ``fn(step, **tensors)`` runs on the host for every
-        training step, in order, after its loop (tensors stacked by the loop).
+        training step, in order, after its loop (tensors stacked by the loop). When it returns
+        ``{tag: value}``, each value is written at ``step`` to every ``RunConfig.writers`` writer:
+        numbers as scalars, uint8 [H, W, C] / [N, H, W, C] as images, other arrays as histograms,
+        strings as text (see ``estimator.writers.values``); None writes nothing.
     updates: the new values of the non-trainable collections (e.g.
         ``{"batch_stats": ...}``), merged into the variables after the step.
     export_outputs: unused by the estimator; kept for TPUEstimator code that sets it.

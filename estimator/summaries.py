@@ -5,11 +5,19 @@ serialized ``Event`` protos. The few fields used here are encoded by hand::
 
     Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
     Summary { repeated Value value = 1; }
-    Value   { string tag = 1; float simple_value = 2; TensorProto tensor = 8; SummaryMetadata metadata = 9; }
+    Value   { string tag = 1; float simple_value = 2; Image image = 4; HistogramProto histo = 5;
+              TensorProto tensor = 8; SummaryMetadata metadata = 9; }
+    Image   { int32 height = 1; int32 width = 2; int32 colorspace = 3; bytes encoded_image_string = 4; }
+    HistogramProto { double min = 1; double max = 2; double num = 3; double sum = 4; double sum_squares = 5;
+                     repeated double bucket_limit = 6 [packed]; repeated double bucket = 7 [packed]; }
 
 :class:`SummaryWriter` writes scalars (``simple_value``, which TensorBoard
-shows in its Scalars tab) and text (a string tensor for the text plugin) into
-``events.out.tfevents.<time>.<host>.<pid>.<n>`` under its log directory.
+shows in its Scalars tab), text (a string tensor for the text plugin),
+histograms (``histo``: equal-width buckets, see :mod:`estimator.summary_data`),
+images (``image``: PNG) and hyperparameters (the hparams plugin's
+``SessionStartInfo``) into ``events.out.tfevents.<time>.<host>.<pid>.<n>``
+under its log directory: what TensorBoard's Scalars, Text, Histograms,
+Distributions, Images and HParams tabs read.
 :func:`read_scalars` reads scalars back from our files or TensorFlow's (TF1's
 ``simple_value`` and TF2's scalar tensors).
 
@@ -38,13 +46,17 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Self
 
+import numpy as np
+
 from estimator.errors import CorruptSummaryError, InvalidArgumentError
+from estimator.summary_data import as_image_batch, encode_png, histogram
 from infeed.example.codec import varint
 from infeed.tfrecord import TFRecordWriter, expand_files, read_records
 
 __all__ = ["SummaryWriter", "read_scalars"]
 
 FILE_VERSION = "brain.Event:2"
+HPARAMS_TAG = "_hparams_/session_start_info"      # the tag TensorBoard's hparams plugin reads a run's values from
 
 _DOUBLE = struct.Struct("<d")
 _FLOAT = struct.Struct("<f")
@@ -88,6 +100,53 @@ def _text_value(tag, text: str) -> bytes:
               + _bytes_field(2, b"")                                 # tensor_shape: a scalar
               + _bytes_field(8, text.encode("utf-8")))               # string_val
     return _tag(tag) + _bytes_field(8, tensor) + _bytes_field(9, metadata)
+
+
+def _histogram_value(tag, values, num_buckets) -> bytes:
+    h = histogram(values, num_buckets, tag=tag)
+    doubles = lambda xs: np.asarray(xs, "<f8").tobytes()
+    histo = (b"\x09" + _DOUBLE.pack(h.min) + b"\x11" + _DOUBLE.pack(h.max)          # min, max: fixed64
+             + b"\x19" + _DOUBLE.pack(h.count) + b"\x21" + _DOUBLE.pack(h.sum)     # num, sum
+             + b"\x29" + _DOUBLE.pack(h.sum_squares)                               # sum_squares
+             + _bytes_field(6, doubles(h.edges[1:])) + _bytes_field(7, doubles(h.counts)))   # packed
+    return _tag(tag) + _bytes_field(5, histo)
+
+
+def _image_value(tag, image: np.ndarray) -> bytes:
+    """One uint8 [H, W, C] image; ``colorspace`` is its channel count (1 grey, 2 grey + alpha, 3 RGB, 4 RGBA)."""
+    height, width, channels = image.shape
+    message = (b"\x08" + varint(height) + b"\x10" + varint(width) + b"\x18" + varint(channels)
+               + _bytes_field(4, encode_png(image)))
+    return _tag(tag) + _bytes_field(4, message)
+
+
+def _hparam(value) -> bytes:
+    """A ``google.protobuf.Value``: bool, number (ints and floats) or string (anything else, as ``str``)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        return b"\x20" + varint(int(value))                                  # bool_value = 4
+    if isinstance(value, (int, float)):
+        return b"\x11" + _DOUBLE.pack(float(value))                           # number_value = 2
+    return _bytes_field(3, str(value).encode("utf-8"))                        # string_value = 3
+
+
+def _hparams_value(hparams: Mapping[str, object], start_time: float) -> bytes:
+    """The hparams plugin's ``SessionStartInfo`` (as ``tensorboard.plugins.hparams.summary.session_start_pb``)."""
+    entries = b"".join(_bytes_field(1, _bytes_field(1, _hparam_name(name).encode("utf-8"))
+                                    + _bytes_field(2, _hparam(value)))
+                       for name, value in hparams.items())
+    start_info = entries + b"\x29" + _DOUBLE.pack(start_time)                 # start_time_secs = 5
+    content = _bytes_field(3, start_info)                                     # HParamsPluginData.session_start_info
+    metadata = _bytes_field(1, _bytes_field(1, b"hparams") + _bytes_field(2, content))
+    null_tensor = b"\x08" + varint(_DT_FLOAT) + _bytes_field(2, _bytes_field(2, b""))   # float32 [0]
+    return _tag(HPARAMS_TAG) + _bytes_field(8, null_tensor) + _bytes_field(9, metadata)
+
+
+def _hparam_name(name) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError(f"a hyperparameter's name must be a non-empty str, got {name!r}")
+    return name
 
 
 def _event(wall_time: float, step: int | None = None, *, file_version: str | None = None,
@@ -161,6 +220,28 @@ class SummaryWriter:
         """Writes a string for TensorBoard's Text tab (rendered as Markdown)."""
         self._append(_event(time.time() if wall_time is None else wall_time, _step(step),
                             values=[_text_value(tag, str(text))]))
+
+    def histogram(self, tag: str, values, step: int, *, num_buckets: int | None = None,
+                  wall_time: float | None = None) -> None:
+        """Writes a histogram of ``values`` (any shape, real numbers; NaN and Inf left out) in ``num_buckets``
+        equal-width buckets (default 30), for TensorBoard's Histograms and Distributions tabs."""
+        self._append(_event(time.time() if wall_time is None else wall_time, _step(step),
+                            values=[_histogram_value(tag, values, num_buckets)]))
+
+    def image(self, tag: str, image, step: int, *, wall_time: float | None = None) -> None:
+        """Writes an image ([H, W, C]) under ``tag``, or a batch ([N, H, W, C]) under ``tag/0`` ... ``tag/N-1``,
+        as PNG, for TensorBoard's Images tab. C is 1 (grey), 2 (grey and alpha), 3 (RGB) or 4 (RGBA); pixels
+        uint8, or floats in [0, 1] (see :func:`estimator.summary_data.as_image_batch`)."""
+        images, batch = as_image_batch(image, tag=tag)
+        tags = [f"{tag}/{i}" for i in range(len(images))] if batch else [tag]
+        self._append(_event(time.time() if wall_time is None else wall_time, _step(step),
+                            values=[_image_value(t, x) for t, x in zip(tags, images)]))
+
+    def hparams(self, hparams: Mapping[str, object], *, wall_time: float | None = None) -> None:
+        """Writes the run's hyperparameters for TensorBoard's HParams tab (as the hparams plugin's
+        ``session_start_pb``): bools, numbers and strings as they are, anything else as its ``str``."""
+        wall_time = time.time() if wall_time is None else wall_time
+        self._append(_event(wall_time, 0, values=[_hparams_value(hparams, wall_time)]))
 
     def flush(self) -> None:
         """Writes the pending events to the file and flushes it (nothing to do once closed)."""

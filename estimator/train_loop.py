@@ -1,7 +1,8 @@
 """The host side of training between its compiled loops: each loop's outputs fetched, ``host_call`` run for
-each of its steps, log lines and summaries, and checkpoints on the RunConfig's cadence (each process's input
-position saved with it; ``before_save``, the hooks' ``before_checkpoint``, may refuse one: ``StopOnNaN``
-refuses a state holding NaN or Inf); where the input resumes from the latest checkpoint. Each part is a named
+each of its steps, log lines and summaries (to ``RunConfig.writers``, with what ``host_call`` functions
+return), and checkpoints on the RunConfig's cadence (each process's input position saved with it;
+``before_save``, the hooks' ``before_checkpoint``, may refuse one: ``StopOnNaN`` refuses a state holding NaN
+or Inf); where the input resumes from the latest checkpoint. Each part is a named
 ``jax.profiler`` event (``estimator/fetch_outputs``, ``estimator/host_call``, ``estimator/summaries``,
 ``estimator/checkpoint``) in a profile (``RunConfig.profile_steps``).
 """
@@ -19,7 +20,7 @@ from estimator.config import RunConfig
 from estimator.errors import CheckpointMismatchError
 from estimator.inputs import fetch, gather_json
 from estimator.progress import StepLogger
-from estimator.summaries import SummaryWriter
+from estimator.writers.run_writers import RunWriters
 
 __all__ = ["TrainBookkeeping", "checkpointed_input"]
 
@@ -40,16 +41,22 @@ def checkpointed_input(checkpoints: Checkpoints) -> dict | None:
 
 class TrainBookkeeping:
     """What one ``Estimator.train`` call does on the host after each loop, from step ``start`` to ``target``:
-    :meth:`after_loop`, then :meth:`checkpoint_if_due`; :meth:`close` at the end."""
+    :meth:`after_loop`, then :meth:`checkpoint_if_due`; :meth:`close` at the end. Summaries go to every
+    writer of ``RunConfig.writers`` (``hparams`` first, when given)."""
 
     def __init__(self, config: RunConfig, checkpoints: Checkpoints, start: int, target: int,
-                 examples_per_step: int):
+                 examples_per_step: int, hparams: dict | None = None):
         self.config, self.checkpoints, self.target = config, checkpoints, target
-        self.writer = SummaryWriter(config.model_dir)
-        quiet = config.log_step_count_steps is None          # rates still measured, for the summaries
-        self.logger = StepLogger(total_steps=target, examples_per_step=examples_per_step, initial_step=start,
-                                 every_steps=config.log_step_count_steps or config.save_summary_steps, desc="train",
-                                 bar=False if quiet else None, quiet=quiet)
+        self.writers = RunWriters(config.writers, config.model_dir)
+        try:
+            self.writers.write_hparams(hparams or {})
+            quiet = config.log_step_count_steps is None          # rates still measured, for the summaries
+            self.logger = StepLogger(total_steps=target, examples_per_step=examples_per_step, initial_step=start,
+                                     every_steps=config.log_step_count_steps or config.save_summary_steps,
+                                     desc="train", bar=False if quiet else None, quiet=quiet)
+        except BaseException:
+            self.writers.close(quiet=True)
+            raise
         self._saved_step, self._saved_time = start, time.monotonic()
 
     @staticmethod
@@ -64,9 +71,12 @@ class TrainBookkeeping:
         losses = np.asarray(outputs["loss"])
         if "host_call" in outputs:
             with TraceAnnotation("estimator/host_call"):
+                where = f"host_call's {getattr(host_call_fn, '__qualname__', 'function')}"
                 for i in range(n):
                     args = jax.tree.map(lambda x: x[i], outputs["host_call"])
-                    host_call_fn(first + i, **args) if isinstance(args, dict) else host_call_fn(first + i, *args)
+                    values = host_call_fn(first + i, **args) if isinstance(args, dict) else \
+                        host_call_fn(first + i, *args)
+                    self.writers.write_values(first + i, values, where)      # what it returned, if anything
         step = first + n
         with TraceAnnotation("estimator/summaries"):
             rates = self.logger.update(step, loss=float(losses[-1]), input_wait_s=input_wait_s)
@@ -75,7 +85,7 @@ class TrainBookkeeping:
                 scalars = {"loss": float(losses[-1]), **rates}
                 if "learning_rate" in outputs:
                     scalars["learning_rate"] = float(np.asarray(outputs["learning_rate"])[-1])
-                self.writer.scalars(scalars, step)
+                self.writers.write_scalars(step, scalars)
 
     def checkpoint_if_due(self, step: int, state, input_state: dict | None, before_save=None) -> None:
         """Saves ``state`` as checkpoint ``step``, with each process's input position, when the cadence
@@ -89,10 +99,13 @@ class TrainBookkeeping:
                                                     "global_step": step})
             self._saved_step, self._saved_time = step, time.monotonic()
 
-    def close(self) -> None:
-        """Closes the log's progress bar and the summary writer."""
-        self.logger.close()
-        self.writer.close()
+    def close(self, failed: bool = False) -> None:
+        """Closes the log's progress bar and the metric writers (``failed``: the call is failing already, so a
+        writer's error on closing is logged, not raised)."""
+        try:
+            self.logger.close()
+        finally:
+            self.writers.close(quiet=failed)
 
     def _due(self, steps_since: int, seconds_since: float) -> bool:
         cfg = self.config

@@ -6,7 +6,6 @@ import logging
 import math
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
