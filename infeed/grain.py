@@ -371,8 +371,12 @@ class ParseExample(_Decoding):
         if not isinstance(record, (bytes, bytearray, memoryview)):
             raise TypeError(f"ParseExample takes one serialized Example (bytes), got {type(record).__name__}")
         parser = self._parser()
-        out = parser.parse([record], ids=_ids(parser, 1, rng))
-        return {name: Padded(v.values[0], v.lengths[0]) if isinstance(v, Padded) else v[0] for name, v in out.items()}
+        out = self._local.__dict__.get("row")
+        if out is None:                 # one row decoded into, checked once, then copied out: cheaper than a
+            out = self._local.row = parser.allocate(1)        # fresh (and freshly checked) array per feature
+        parser.parse([record], out, ids=_ids(parser, 1, rng))
+        return {name: Padded(v.values[0].copy(), v.lengths[0].copy()) if isinstance(v, Padded) else v[0].copy()
+                for name, v in out.items()}
 
     def __repr__(self) -> str:
         return f"ParseExample({len(self.spec)} features: {', '.join(self.spec)[:120]})"
