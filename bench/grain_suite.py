@@ -31,7 +31,11 @@ consumer only takes the batches. Timed interleaved (A B C ... A B C):
   scans its whole buffer of futures for every record: 2-3x slower here, so
   the worker reads in its own thread): one process decodes, the consumer
   takes; steady state from the first batch's arrival (batches 2..N), its
-  start-up (a spawned interpreter, imports) apart, as for
+  start-up (a spawned interpreter, imports) apart, as for the next two;
+- ``grain mp_prefetch, 1 worker: TFRecordSource + ParseBatch``: the first
+  pipeline (``to_iter_dataset(ReadOptions(num_threads=0))``) through
+  ``.mp_prefetch(MultiprocessingOptions(num_workers=1))``, Grain's dataset API
+  for worker processes;
 - ``daemon W=1``: ``infeed.Daemon(Dataset(shuffle="global"), num_workers=1)``
   (reads through the same sidecar), steady state: batches 2..N.
 
@@ -60,7 +64,7 @@ from bench import datasets, decode, infeed_suite
 from bench.harness import Case, Measurement, Ratio, SuiteResult, interleave, log, settle_allocator
 
 __all__ = ["run", "CASES", "SOURCE_PARSE", "SOURCE_PARSE_THREADS", "SOURCE_ROWS", "ARRAY_RECORD_PARSE",
-           "PROTOBUF", "PROTOBUF_THREADS", "LOADER", "DAEMON", "LAYOUTS", "SKIPPED", "example_class",
+           "PROTOBUF", "PROTOBUF_THREADS", "LOADER", "MP_PREFETCH", "DAEMON", "LAYOUTS", "SKIPPED", "example_class",
            "protobuf_rows"]
 
 SUITE = "grain"
@@ -81,12 +85,14 @@ ARRAY_RECORD_PARSE = "grain: ArrayRecord + ParseBatch"
 PROTOBUF = "grain: ArrayRecord + protobuf + .batch()"
 PROTOBUF_THREADS = "grain: ArrayRecord + protobuf + .batch(), Grain's 16 threads"
 LOADER = "grain DataLoader, 1 worker: TFRecordSource + ParseBatch"
+MP_PREFETCH = "grain mp_prefetch, 1 worker: TFRecordSource + ParseBatch"
 DAEMON = "daemon W=1"
 CASES = (SOURCE_PARSE, SOURCE_PARSE_THREADS, SOURCE_ROWS, ARRAY_RECORD_PARSE, PROTOBUF, PROTOBUF_THREADS, LOADER,
-         DAEMON)
+         MP_PREFETCH, DAEMON)
 #: The ratios the report shows (information: no targets).
 RATIOS = ((SOURCE_PARSE, PROTOBUF), (SOURCE_PARSE_THREADS, PROTOBUF_THREADS), (SOURCE_PARSE, ARRAY_RECORD_PARSE),
-          (SOURCE_PARSE, SOURCE_ROWS), (DAEMON, LOADER), (DAEMON, SOURCE_PARSE), (DAEMON, SOURCE_PARSE_THREADS))
+          (SOURCE_PARSE, SOURCE_ROWS), (DAEMON, LOADER), (DAEMON, MP_PREFETCH), (DAEMON, SOURCE_PARSE),
+          (DAEMON, SOURCE_PARSE_THREADS))
 
 SKIPPED = "grain suite skipped: Grain is not installed (pip install -e .[grain])"
 
@@ -196,25 +202,16 @@ def _iterate(grain, make, threads: int | None):
     return run
 
 
-class LoaderCase:
-    """A ``grain.DataLoader`` with one worker process over an epoch; keeps its steady seconds (batches 2..N)."""
+class SteadyCase:
+    """A pipeline whose batches come from one worker process, over an epoch: keeps its steady seconds (batches
+    2..N, from the first one's arrival: the worker's start-up apart). ``make()`` returns its iterable."""
 
-    def __init__(self, grain, source, spec: Mapping, b: int):
-        from infeed.grain import ParseBatch
-
-        self.grain, self.source, self.b = grain, source, b
-        self.parse = ParseBatch(spec)
+    def __init__(self, make, b: int):
+        self.make, self.b = make, b
         self.steady: list[float] = []
 
     def run(self) -> int:
-        grain = self.grain
-        sampler = grain.samplers.IndexSampler(num_records=len(self.source), shuffle=True, seed=SEED, num_epochs=1,
-                                              shard_options=grain.sharding.NoSharding())
-        loader = grain.DataLoader(data_source=self.source, sampler=sampler, worker_count=1,
-                                  read_options=grain.ReadOptions(num_threads=0),
-                                  operations=[grain.transforms.Batch(self.b, drop_remainder=True,
-                                                                     batch_fn=self.parse)])
-        it = iter(loader)
+        it = iter(self.make())
         next(it)
         start = time.perf_counter()
         batches = 1
@@ -222,6 +219,31 @@ class LoaderCase:
             batches += 1
         self.steady.append(time.perf_counter() - start)
         return batches * self.b
+
+
+def _loader(grain, source, spec: Mapping, b: int):
+    """Grain's DataLoader, one worker, the source's records shuffled and decoded by ParseBatch in batches."""
+    from infeed.grain import ParseBatch
+
+    parse = ParseBatch(spec)
+
+    def make():
+        sampler = grain.samplers.IndexSampler(num_records=len(source), shuffle=True, seed=SEED, num_epochs=1,
+                                              shard_options=grain.sharding.NoSharding())
+        return grain.DataLoader(data_source=source, sampler=sampler, worker_count=1,
+                                read_options=grain.ReadOptions(num_threads=0),
+                                operations=[grain.transforms.Batch(b, drop_remainder=True, batch_fn=parse)])
+
+    return make
+
+
+def _mp_prefetch(grain, make_dataset):
+    """The MapDataset pipeline iterated through ``mp_prefetch`` with one worker process."""
+    def make():
+        return (make_dataset().to_iter_dataset(grain.ReadOptions(num_threads=0))
+                .mp_prefetch(grain.MultiprocessingOptions(num_workers=1)))
+
+    return make
 
 
 def _indexed_link(path: str) -> str:
@@ -329,7 +351,7 @@ def run(layouts: Sequence[str] = LAYOUTS, *, scale: float = 1.0, quick: bool = F
         "through the same sidecar), batches of B, the partial one dropped; the consumer only takes the batches",
         "in-process grain rows: iterated with ReadOptions(num_threads=0) (all in the consumer's thread) unless "
         "marked \"Grain's 16 threads\" (ReadOptions() as Grain iterates by default: 16 threads read and decode "
-        "ahead); 'DataLoader, 1 worker' and 'daemon W=1': one decoding process, steady state from the first "
+        "ahead); 'DataLoader, 1 worker', 'mp_prefetch, 1 worker' and 'daemon W=1': one decoding process, steady state from the first "
         "batch's arrival (batches 2..N), their start-up apart",
         "MB/s: the TFRecord bytes of the records taken (framing included), for the ArrayRecord rows too (pro rata "
         "for the steady states); the files in the page cache",
@@ -377,19 +399,21 @@ def _measure_layout(grain, result: SuiteResult, ds: datasets.Dataset, b: int, re
             ARRAY_RECORD_PARSE: _iterate(grain, pipelines[ARRAY_RECORD_PARSE], 0),
             PROTOBUF: _iterate(grain, pipelines[PROTOBUF], 0),
             PROTOBUF_THREADS: _iterate(grain, pipelines[PROTOBUF], None)}
-    loader = LoaderCase(grain, source, spec, b)
+    loader = SteadyCase(_loader(grain, source, spec, b), b)
+    mp = SteadyCase(_mp_prefetch(grain, pipelines[SOURCE_PARSE]), b)
     daemon = infeed_suite.DaemonCase(DAEMON, infeed.Dataset(path, spec, batch_size=b, num_epochs=1,
                                                             shuffle="global", seed=SEED), 1, n_batches)
     all_records = n_batches * b
     cases = [Case(n, r, all_records, taken) for n, r in runs.items()]
-    cases += [Case(LOADER, loader.run, all_records, taken), daemon.case(all_records, taken)]
+    cases += [Case(LOADER, loader.run, all_records, taken), Case(MP_PREFETCH, mp.run, all_records, taken),
+              daemon.case(all_records, taken)]
     log(f"grain: timing {name} ({len(cases)} cases, {repeats} runs each) ...")
     settle_allocator()
     measured = interleave(cases, repeats, WARMUP)
     for m in measured[:len(runs)]:
         result.figures.append(dataclasses.replace(m.figure(SUITE, name), batches=n_batches))
     steady_records, steady_bytes = all_records - b, taken * (n_batches - 1) // n_batches
-    for case_name, seconds in ((LOADER, loader.steady), (DAEMON, daemon.steady)):
+    for case_name, seconds in ((LOADER, loader.steady), (MP_PREFETCH, mp.steady), (DAEMON, daemon.steady)):
         case = Case(case_name, loader.run, steady_records, steady_bytes)
         result.figures.append(dataclasses.replace(Measurement(case, seconds[WARMUP:]).figure(SUITE, name),
                                                   batches=n_batches - 1))
