@@ -39,6 +39,13 @@ consumer only takes the batches. Timed interleaved (A B C ... A B C):
 - ``daemon W=1``: ``infeed.Daemon(Dataset(shuffle="global"), num_workers=1)``
   (reads through the same sidecar), steady state: batches 2..N.
 
+And the timings (lower is better), in microseconds per record over the first
+:data:`PART_RECORDS` records of the shuffle, interleaved: ``TFRecordSource[i]``,
+``ArrayRecordDataSource[i]``, ``ParseBatch`` over batches of B, the protobuf
+path's parse of one record into numpy rows, and Grain's own machinery alone
+(``MapDataset.range(n).shuffle().batch(B, batch_fn=list)`` iterated: indices,
+no data): where a Grain pipeline's time goes.
+
 Before timing, each in-process pipeline's first batch is checked against
 ``ExampleParser.parse`` of the records its shuffle drew (the protobuf path's
 too), or its figures would mean nothing. MB/s counts the TFRecord bytes of the
@@ -61,10 +68,10 @@ import numpy as np
 
 import infeed
 from bench import datasets, decode, infeed_suite
-from bench.harness import Case, Measurement, Ratio, SuiteResult, interleave, log, settle_allocator
+from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator
 
 __all__ = ["run", "CASES", "SOURCE_PARSE", "SOURCE_PARSE_THREADS", "SOURCE_ROWS", "ARRAY_RECORD_PARSE",
-           "PROTOBUF", "PROTOBUF_THREADS", "LOADER", "MP_PREFETCH", "DAEMON", "LAYOUTS", "SKIPPED", "example_class",
+           "PROTOBUF", "PROTOBUF_THREADS", "LOADER", "MP_PREFETCH", "DAEMON", "PARTS", "LAYOUTS", "SKIPPED", "example_class",
            "protobuf_rows"]
 
 SUITE = "grain"
@@ -93,6 +100,15 @@ CASES = (SOURCE_PARSE, SOURCE_PARSE_THREADS, SOURCE_ROWS, ARRAY_RECORD_PARSE, PR
 RATIOS = ((SOURCE_PARSE, PROTOBUF), (SOURCE_PARSE_THREADS, PROTOBUF_THREADS), (SOURCE_PARSE, ARRAY_RECORD_PARSE),
           (SOURCE_PARSE, SOURCE_ROWS), (DAEMON, LOADER), (DAEMON, MP_PREFETCH), (DAEMON, SOURCE_PARSE),
           (DAEMON, SOURCE_PARSE_THREADS))
+
+#: Records the per-record costs (the timings) are measured over, at most.
+PART_RECORDS = 2048
+PART_SOURCE = "per record: TFRecordSource[i]"
+PART_ARRAY_RECORD = "per record: ArrayRecordDataSource[i]"
+PART_PARSE = "per record: ParseBatch, batches of B"
+PART_PROTOBUF = "per record: protobuf Example -> numpy row"
+PART_GRAIN = "per record: Grain's .shuffle().batch() of indices, no data"
+PARTS = (PART_SOURCE, PART_ARRAY_RECORD, PART_PARSE, PART_PROTOBUF, PART_GRAIN)
 
 SKIPPED = "grain suite skipped: Grain is not installed (pip install -e .[grain])"
 
@@ -417,7 +433,35 @@ def _measure_layout(grain, result: SuiteResult, ds: datasets.Dataset, b: int, re
         case = Case(case_name, loader.run, steady_records, steady_bytes)
         result.figures.append(dataclasses.replace(Measurement(case, seconds[WARMUP:]).figure(SUITE, name),
                                                   batches=n_batches - 1))
+    _measure_parts(grain, result, name, source, array_source, records, order, spec, b, repeats)
     for num, den in RATIOS:
         value = result.figure(name, num).records_per_s / result.figure(name, den).records_per_s
         result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", value))
     source.close()
+
+
+def _measure_parts(grain, result: SuiteResult, name: str, source, array_source, records: list, order: list,
+                   spec: Mapping, b: int, repeats: int) -> None:
+    """Where a Grain pipeline's time goes, per record: each source's read, each decoder, Grain's own machinery."""
+    from infeed.grain import ParseBatch
+
+    keys = order[:PART_RECORDS]
+    drawn = [records[i] for i in keys]
+    n = len(keys)
+    parse, rows = ParseBatch(spec), protobuf_rows(spec)
+    indices = grain.MapDataset.range(n).shuffle(seed=SEED).batch(b, batch_fn=list)
+
+    def counted(fn):
+        def run():
+            fn()
+            return n
+        return run
+
+    parts = {PART_SOURCE: lambda: [source[i] for i in keys],
+             PART_ARRAY_RECORD: lambda: [array_source[i] for i in keys],
+             PART_PARSE: lambda: [parse(drawn[k:k + b]) for k in range(0, n, b)],
+             PART_PROTOBUF: lambda: [rows(r) for r in drawn],
+             PART_GRAIN: lambda: list(indices.to_iter_dataset(grain.ReadOptions(num_threads=0)))}
+    measured = interleave([Case(part, counted(fn), n, 0) for part, fn in parts.items()], repeats, WARMUP)
+    for m in measured:
+        result.timings.append(Timing.of(SUITE, name, m.case.name, "us", [s / n * 1e6 for s in m.seconds]))

@@ -25,6 +25,8 @@ def test_grain_suite_prints_every_pipeline_and_ratio(tmp_path, capsys):
     doc = json.loads(out.read_text())["suites"]["grain"]
     assert {(f["group"], f["name"]) for f in doc["figures"]} == {("mnist", n) for n in suite.CASES}
     assert all(f["records_per_s"] > 0 and f["repeats"] == 1 for f in doc["figures"])
+    assert {(t["group"], t["name"]) for t in doc["timings"]} == {("mnist", n) for n in suite.PARTS}
+    assert all(t["unit"] == "us" and t["median"] > 0 for t in doc["timings"])
     assert {r["name"] for r in doc["ratios"]} == {f"{a} / {b}" for a, b in suite.RATIOS}
     assert all(r["target"] is None and r["value"] > 0 for r in doc["ratios"])
     assert any("imagenet left out" in n for n in doc["notes"])
