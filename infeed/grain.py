@@ -173,12 +173,14 @@ class TFRecordSource:
 
     def close(self) -> None:
         """Closes the files this process opened (a later read opens them again)."""
+        if self._pid != os.getpid():
+            self._forked()                  # the parent's descriptors are the parent's to close
+            return
         with self._lock:
             files, self._files = self._files, [None] * len(self.paths)
-        if self._pid == os.getpid():
-            for handle in files:
-                if handle is not None:
-                    handle.close()
+        for handle in files:
+            if handle is not None:
+                handle.close()
 
     # -- Grain's RandomAccessDataSource ----------------------------------------------------------------
 

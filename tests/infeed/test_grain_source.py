@@ -81,6 +81,8 @@ def test_the_source_gives_every_record_of_every_file_in_order(two_files):
     with pytest.raises(IndexError, match="557 records"):
         source[557]
     assert source.locate(257 + 5) == (two_files[1], 5, build_index(two_files[1]).offsets[5])
+    source.close()                                           # reads open the files again
+    assert source[300] == want[300] and source._files[1] is not None
 
 
 def test_batched_reads_join_adjacent_records_and_keep_the_order_asked(two_files, monkeypatch):
