@@ -43,13 +43,17 @@ setup(
     ],
     extras_require={
         # protobuf only cross-checks the tests' reference decoder; infeed never imports it.
-        # tensorboard reads back the event files in tests; scikit-learn ships the digits of `make demo`.
+        # tensorboard reads back the event files in tests; scikit-learn ships the digits of `make demo`;
+        # grain and flax: the Grain inputs and the Flax models of the tests and of docs/embedding.md.
         "dev": ["pillow>=11,<14", "pytest>=8,<10", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7", "protobuf>=5,<8",
-                "tensorboard==2.21.0", "scikit-learn==1.9.1", "matplotlib>=3.8,<4", "keras>=3.5,<4", "grain>=0.2.18,<0.3"],
+                "tensorboard==2.21.0", "scikit-learn==1.9.1", "matplotlib>=3.8,<4", "keras>=3.5,<4",
+                "grain>=0.2.13,<0.3", "flax>=0.12,<0.13"],
         # The report's plots, and Keras as a peer of the train suite (on the JAX backend).
         "bench": ["matplotlib>=3.8,<4", "keras>=3.5,<4"],
         "tf": ["tensorflow-cpu==2.21.0"],
         "fuzz": ["atheris>=2.3,<4"],
+        # infeed.grain: indexed TFRecords as a Grain source (tested with 0.2.13 and 0.2.18).
+        "grain": ["grain>=0.2.13,<0.3"],
         # PNG images (infeed.Image decodes JPEG itself; Pillow is imported on the first PNG).
         "png": ["pillow>=11,<14"],
     },

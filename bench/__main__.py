@@ -11,6 +11,8 @@ examples (from the repository root):
   python -m bench decode --quick      # ~20 seconds: fewer records and runs
   python -m bench infeed              # the decoding daemon: workers and ring slots, ~2 minutes on 2 cores
   python -m bench infeed --workers 1,2,4 --slots 2,8 --layouts mnist
+  python -m bench grain               # a Grain pipeline over infeed.grain's source and decoder against Grain's
+                                      # own path (ArrayRecord + protobuf) and the daemon (W=1), ~3 minutes
   python -m bench images              # JPEGs to 224x224 into the ring (W=1, 2) against tf.data, ~4 minutes
   python -m bench images --quick
   python -m bench loop                # compiled loops: steps/s on 1 and 8 CPU devices, ~3 minutes on 2 cores
@@ -33,8 +35,8 @@ import shlex
 import sys
 import time
 
-from bench import (compare, decode, harness, images_suite, infeed_suite, loop_suite, report, startup_suite, train_suite,
-                   transfer_suite)
+from bench import (compare, decode, grain_suite, harness, images_suite, infeed_suite, loop_suite, report, startup_suite,
+                   train_suite, transfer_suite)
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
@@ -44,6 +46,9 @@ SUITES = {
     "infeed": lambda args: infeed_suite.run(
         args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, slots=args.slots, scale=args.scale,
         quick=args.quick, repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
+    "grain": lambda args: grain_suite.run(
+        args.layouts or grain_suite.LAYOUTS, scale=args.scale, quick=args.quick, repeats=args.repeats,
+        data_dir=args.data_dir, seed=args.seed),
     "images": lambda args: images_suite.run(
         workers=args.workers, quick=args.quick, repeats=args.repeats, scale=args.scale, data_dir=args.data_dir,
         seed=args.seed, tensorflow=not args.no_tf),
@@ -88,7 +93,7 @@ def parse_args(argv):
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiplies every dataset's record count (default 1; 0.01 for a smoke run)")
     p.add_argument("--layouts", type=lambda s: [x for x in s.split(",") if x], default=None,
-                   help="comma-separated layouts (default: all of mnist,criteo,imagenet)")
+                   help="comma-separated layouts (default: all of mnist,criteo,imagenet; grain: mnist,criteo)")
     p.add_argument("--workers", type=_workers, default=list(infeed_suite.WORKERS),
                    help="infeed, images: comma-separated daemon worker counts (default: 1,2)")
     p.add_argument("--slots", type=_counts("slot"), default=list(infeed_suite.SLOT_SWEEP),

@@ -190,7 +190,8 @@ class _ArrowRandomAccess:
             if self._file is None:
                 self._file = self._fs.open_input_file(self._inner)
             try:
-                return self._file.read_at(n, offset).to_pybytes()
+                data = self._file.read_at(n, offset)        # bytes from pyarrow's files, a Buffer from some
+                return data if isinstance(data, bytes) else data.to_pybytes()
             except OSError:
                 f, self._file = self._file, None
                 try:
