@@ -30,3 +30,7 @@ def test_every_block_of_the_embedding_page_runs(tmp_path, monkeypatch, capsys):
     assert "NnxMLP" in out
     assert "20 ['opt_state', 'rng', 'step', 'variables'] ['batch_stats', 'params']" in out, out
     assert not os.path.exists("models/linen-events/checkpoints")
+    assert "grain: 60" in out
+    assert "hook: step 20, loss" in out and "hook: step 40, loss" in out
+    assert "['eval/accuracy', 'eval/loss'," in out and "'loss'" in out
+    assert os.path.exists("models/tracked/metrics.jsonl")
