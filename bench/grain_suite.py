@@ -68,10 +68,11 @@ import numpy as np
 
 import infeed
 from bench import datasets, decode, infeed_suite
+from bench.example_proto import example_class
 from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator
 
 __all__ = ["run", "CASES", "SOURCE_PARSE", "SOURCE_PARSE_THREADS", "SOURCE_ROWS", "ARRAY_RECORD_PARSE",
-           "PROTOBUF", "PROTOBUF_THREADS", "LOADER", "MP_PREFETCH", "DAEMON", "PARTS", "LAYOUTS", "SKIPPED", "example_class",
+           "PROTOBUF", "PROTOBUF_THREADS", "LOADER", "MP_PREFETCH", "DAEMON", "PARTS", "LAYOUTS", "SKIPPED",
            "protobuf_rows"]
 
 SUITE = "grain"
@@ -124,42 +125,6 @@ def _import_grain():
 
 
 # --- Grain's own path: tf.train.Example by protobuf --------------------------------------------------------
-
-def example_class():
-    """``tf.train.Example`` as a protobuf message class, built from its descriptor (no TensorFlow, no protoc)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    F = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(name="bench_grain_example.proto", package="benchgrain",
-                                               syntax="proto3")
-
-    def message(name, *fields):
-        m = proto.message_type.add(name=name)
-        for f in fields:
-            m.field.add().CopyFrom(f)
-        return m
-
-    rep, opt = F.LABEL_REPEATED, F.LABEL_OPTIONAL
-    message("BytesList", F(name="value", number=1, label=rep, type=F.TYPE_BYTES))
-    message("FloatList", F(name="value", number=1, label=rep, type=F.TYPE_FLOAT))
-    message("Int64List", F(name="value", number=1, label=rep, type=F.TYPE_INT64))
-    feature = message("Feature", *[
-        F(name=n, number=i, label=opt, type=F.TYPE_MESSAGE, type_name=f".benchgrain.{t}", oneof_index=0)
-        for i, (n, t) in enumerate([("bytes_list", "BytesList"), ("float_list", "FloatList"),
-                                    ("int64_list", "Int64List")], 1)])
-    feature.oneof_decl.add(name="kind")
-    features = message("Features", F(name="feature", number=1, label=rep, type=F.TYPE_MESSAGE,
-                                     type_name=".benchgrain.Features.FeatureEntry"))
-    entry = features.nested_type.add(name="FeatureEntry")
-    entry.field.add(name="key", number=1, label=opt, type=F.TYPE_STRING)
-    entry.field.add(name="value", number=2, label=opt, type=F.TYPE_MESSAGE, type_name=".benchgrain.Feature")
-    entry.options.map_entry = True
-    message("Example", F(name="features", number=1, label=opt, type=F.TYPE_MESSAGE,
-                         type_name=".benchgrain.Features"))
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("benchgrain.Example"))
-
 
 def protobuf_rows(spec: Mapping):
     """A function of one serialized Example -> ``{name: numpy row}`` for a spec of FixedLen features, by

@@ -16,47 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pb = pytest.importorskip("google.protobuf")
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # noqa: E402
 from google.protobuf.message import DecodeError as ProtobufDecodeError  # noqa: E402
 
 import reference as ref  # noqa: E402
+from bench.example_proto import example_class  # noqa: E402
 from test_properties import PROFILE, examples, same  # noqa: E402
 
 
-def _example_class():
-    F = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(name="infeed_reference_example.proto", package="infeedref",
-                                               syntax="proto3")
-
-    def message(name, *fields):
-        m = proto.message_type.add(name=name)
-        for f in fields:
-            m.field.add().CopyFrom(f)
-        return m
-
-    rep, opt = F.LABEL_REPEATED, F.LABEL_OPTIONAL
-    message("BytesList", F(name="value", number=1, label=rep, type=F.TYPE_BYTES))
-    message("FloatList", F(name="value", number=1, label=rep, type=F.TYPE_FLOAT))
-    message("Int64List", F(name="value", number=1, label=rep, type=F.TYPE_INT64))
-    feature = message("Feature", *[
-        F(name=n, number=i, label=opt, type=F.TYPE_MESSAGE, type_name=f".infeedref.{t}", oneof_index=0)
-        for i, (n, t) in enumerate([("bytes_list", "BytesList"), ("float_list", "FloatList"),
-                                    ("int64_list", "Int64List")], 1)])
-    feature.oneof_decl.add(name="kind")
-    features = message("Features", F(name="feature", number=1, label=rep, type=F.TYPE_MESSAGE,
-                                     type_name=".infeedref.Features.FeatureEntry"))
-    entry = features.nested_type.add(name="FeatureEntry")
-    entry.field.add(name="key", number=1, label=opt, type=F.TYPE_STRING)
-    entry.field.add(name="value", number=2, label=opt, type=F.TYPE_MESSAGE, type_name=".infeedref.Feature")
-    entry.options.map_entry = True
-    message("Example", F(name="features", number=1, label=opt, type=F.TYPE_MESSAGE,
-                         type_name=".infeedref.Features"))
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("infeedref.Example"))
-
-
-Example = _example_class()
+Example = example_class()
 KIND_OF_FIELD = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64"}
 
 
