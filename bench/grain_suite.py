@@ -332,7 +332,8 @@ def run(layouts: Sequence[str] = LAYOUTS, *, scale: float = 1.0, quick: bool = F
         "through the same sidecar), batches of B, the partial one dropped; the consumer only takes the batches",
         "in-process grain rows: iterated with ReadOptions(num_threads=0) (all in the consumer's thread) unless "
         "marked \"Grain's 16 threads\" (ReadOptions() as Grain iterates by default: 16 threads read and decode "
-        "ahead); 'DataLoader, 1 worker', 'mp_prefetch, 1 worker' and 'daemon W=1': one decoding process, steady state from the first "
+        "ahead); 'DataLoader, 1 worker', 'mp_prefetch, 1 worker' and 'daemon W=1': one decoding process, steady "
+        "state from the first "
         "batch's arrival (batches 2..N), their start-up apart",
         "MB/s: the TFRecord bytes of the records taken (framing included), for the ArrayRecord rows too (pro rata "
         "for the steady states); the files in the page cache",

@@ -242,8 +242,9 @@ class Estimator:
             return self
         input_state = self._input_state if self._state is not None else (
             checkpointed_input(self.checkpoints) if start else None)
-        bookkeeping = TrainBookkeeping(self.config, self.checkpoints, start, target, self.batch_sizes[ModeKeys.TRAIN],
-                                       hparams=hparams_of(self.params, train_batch_size=self.batch_sizes[ModeKeys.TRAIN]))
+        batch_size = self.batch_sizes[ModeKeys.TRAIN]
+        bookkeeping = TrainBookkeeping(self.config, self.checkpoints, start, target, batch_size,
+                                       hparams=hparams_of(self.params, train_batch_size=batch_size))
         profile = ProfileWindow(self.config, start, target)
         source, done, began, error = None, False, False, None
         try:

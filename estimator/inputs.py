@@ -294,8 +294,8 @@ def _aligned(slots, total: int, steps: int, padding: dict) -> Iterator[dict]:
             yield slot
         else:                                       # this process's last, shorter slot: copied and padded
             tree = dict(slot)
-            extended = jax.tree.map(lambda x, pad: np.concatenate([x, np.broadcast_to(pad, (want - have,) + pad.shape)]),
-                                    tree, padding)
+            extended = jax.tree.map(
+                lambda x, pad: np.concatenate([x, np.broadcast_to(pad, (want - have,) + pad.shape)]), tree, padding)
             getattr(slot, "release", lambda: None)()
             yield extended
         made += want

@@ -61,8 +61,8 @@ def model_fn(variables, features, labels, mode, params):
         return est.EstimatorSpec(mode, predictions={"class": logits.argmax(-1), "logits": logits})
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
     return est.EstimatorSpec(mode, loss=loss, eval_metrics={
-        "accuracy": est.metrics.accuracy(labels, logits.argmax(-1)), "count": est.metrics.sum(jnp.ones_like(loss,
-                                                                                                        shape=labels.shape))})
+        "accuracy": est.metrics.accuracy(labels, logits.argmax(-1)),
+        "count": est.metrics.sum(jnp.ones_like(loss, shape=labels.shape))})
 
 
 def make(model_dir, **kw):

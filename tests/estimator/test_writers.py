@@ -150,16 +150,17 @@ def test_writers_that_are_not_writers_are_refused_naming_what_they_lack(tmp_path
                        match=r"writers\[1\] .*the class .*OnlyScalars, which lacks write_histograms, write_images, "
                              r"write_texts, write_hparams, flush, close"):
         est.RunConfig(model_dir=d, writers=[TensorBoardWriter, OnlyScalars])
-    with pytest.raises(est.InvalidArgumentError, match=r"writers\[0\] .*got an object of class OnlyScalars, which lacks "
-                                                       r"write_histograms"):
+    with pytest.raises(est.InvalidArgumentError,
+                       match=r"writers\[0\] .*got an object of class OnlyScalars, which lacks write_histograms"):
         est.RunConfig(model_dir=d, writers=[OnlyScalars()])
     with pytest.raises(ValueError, match=r"writers\[0\] must be a MetricWriter .*got 'tensorboard' \(a str\)"):
         est.RunConfig(model_dir=d, writers=["tensorboard"])
 
     # a factory's writer is checked when it is made, naming the entry and the directory
     config = est.RunConfig(model_dir=d, writers=[lambda logdir: OnlyScalars()])
-    with pytest.raises(est.InvalidArgumentError, match=r"writers\[0\] \(.*<lambda>\) called with .* gave "
-                                                       r"an object of class OnlyScalars, which is no MetricWriter: it lacks write_histograms"):
+    with pytest.raises(est.InvalidArgumentError,
+                       match=r"writers\[0\] \(.*<lambda>\) called with .* gave an object of class OnlyScalars, "
+                             r"which is no MetricWriter: it lacks write_histograms"):
         RunWriters(config.writers, d, active=True)
 
 
