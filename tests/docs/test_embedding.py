@@ -22,9 +22,14 @@ def test_every_block_of_the_embedding_page_runs(tmp_path, monkeypatch, capsys):
     namespace = {"__name__": "embedding"}
     blocks = list(python_blocks(DOC))
     assert len(blocks) >= 3
-    for line, code in blocks:
-        # Line numbers in tracebacks are the page's own.
-        exec(compile("\n" * (line - 1) + code, os.path.abspath(DOC), "exec"), namespace)
+    try:
+        for line, code in blocks:
+            # Line numbers in tracebacks are the page's own.
+            exec(compile("\n" * (line - 1) + code, os.path.abspath(DOC), "exec"), namespace)
+    finally:
+        # JAX's caches keep the page's functions, and with them their globals: this namespace. Emptied, it holds
+        # no daemon (nor its ring's mapping) beyond the test.
+        namespace.clear()
     out = capsys.readouterr().out
     assert "resumed: (10, 32, 8)" in out
     assert "NnxMLP" in out
