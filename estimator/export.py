@@ -9,7 +9,7 @@ once with :mod:`jax.export` and writes a directory that
     output shapes and the platforms it was lowered for (no VJP is kept).
 ``variables.npz``
     the variables' leaves, each under its JAX key path (``"['dense']['w']"``),
-    written and read with ``allow_pickle=False``. The variables are an
+    numeric arrays only, read with ``allow_pickle=False``. The variables are an
     *argument* of the exported function, not constants baked into it.
 ``signature.json``
     the format version, the feature specs, the outputs' shapes and dtypes
@@ -198,7 +198,9 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
         with open(os.path.join(tmp, f"{name}.jaxexport"), "wb") as f:
             f.write(exported.serialize())
         with open(os.path.join(tmp, VARIABLES), "wb") as f:
-            np.savez(f, allow_pickle=False, **dict(zip(keys, leaves)))
+            # JAX arrays' values: never object arrays, so nothing is pickled (numpy 2.0's savez takes no
+            # allow_pickle: it would store the flag as one more array)
+            np.savez(f, **dict(zip(keys, leaves)))
         if saved_model:
             _write_saved_model(os.path.join(tmp, "saved_model"), flat_predict, leaves, shapes, serving_features, platforms)
         signature["files"] = file_digests(tmp)
