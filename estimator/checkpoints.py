@@ -372,8 +372,6 @@ def _is_real_directory(path: epath.Path) -> bool:
         return False
 
 
-
-
 def _rmtree(path: epath.Path) -> None:
     """Removes a directory tree; locally without following symbolic links (shutil's fd-based rmtree)."""
     if _is_local(path):
