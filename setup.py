@@ -29,16 +29,22 @@ setup(
                           compiler_directives={"embedsignature": True}),
     package_data={"infeed.tfrecord": ["*.pyx", "*.pxd", "*.h"], "infeed.example": ["*.pyx", "*.pxd"],
                   "infeed.ring": ["*.pyx"]},
+    # Each lower bound is the oldest version tested (constraints/oldest.txt, `make test-oldest`), each upper bound
+    # the next minor not tested (the newest below it: constraints/newest.txt, `make test-newest`); docs/porting.md.
     install_requires=[
-        "jax==0.10.2",
-        "jaxlib==0.10.2",
-        "numpy>=2.0,<3",
+        # jax 0.11 needs Python >= 3.12, which this project's machines lack: untested, so excluded. jax 0.7.1 is the
+        # oldest that passes (0.7.0 and older refuse arrays on the 8-device mesh under the loop's context mesh).
+        "jax>=0.7.1,<0.11",
+        "jaxlib>=0.7.1,<0.11",
+        "numpy>=2.0,<2.5",
         "ml_dtypes>=0.5,<0.7",          # bfloat16 outputs (numpy knows "bfloat16" once it is imported); jax needs >=0.5
         "pyarrow>=16,<27",
-        "optax==0.2.8",
-        "orbax-checkpoint==0.12.8",
-        "tqdm>=4.66,<5",
-        "flatbuffers>=24.3,<26",        # jax.export serialisation (estimator.export)
+        "optax>=0.1.5,<0.3",            # 0.1.4 and older use jax.numpy.DeviceArray, which jax no longer has
+        # 0.11.38: the first to save typed PRNG keys and restore them onto ShapeDtypeStructs
+        "orbax-checkpoint>=0.11.38,<0.13",
+        "etils[epath]>=1.7,<1.16",      # epath, for checkpoint paths on any filesystem orbax writes to
+        "tqdm>=4.66,<4.71",
+        "flatbuffers>=24.3.6,<26",      # jax.export serialisation (estimator.export)
         "simplejpeg>=1.9,<1.10",        # infeed.Image's JPEG decoder (libjpeg-turbo in its wheel)
     ],
     extras_require={

@@ -103,6 +103,11 @@ class Checkpoints:
         self._leftovers_removed = False
         root = epath.Path(self.directory)
         ocp = _orbax()
+        path_class = _committing_path_class(root, self._prune)
+        # Orbax commits a step by renaming its temporary directory (local paths) or, where it has no atomic rename
+        # (gs://), by writing commit_success.txt last. Orbax before 0.12.3 writes no commit file with the rename:
+        # there the final name itself says the step is complete.
+        self._renamed = issubclass(path_class, ocp.path.atomicity.AtomicRenameTemporaryPath)
         self._manager = ocp.CheckpointManager(
             root,
             options=ocp.CheckpointManagerOptions(
@@ -111,7 +116,7 @@ class Checkpoints:
                 # the directory is made in save(): made in orbax's background thread, a failure to make it
                 # (a read-only directory) left the writing threads waiting for it, for 20 minutes
                 async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
-                temporary_path_class=_committing_path_class(root, self._prune)),
+                temporary_path_class=path_class),
             item_handlers={"state": ocp.StandardCheckpointHandler(), "extras": ocp.JsonCheckpointHandler()})
 
     def save(self, step: int, state, extras: dict | None = None, *, force: bool = False) -> None:
@@ -163,7 +168,7 @@ class Checkpoints:
         root = epath.Path(self.directory)
         if not root.exists():
             return []
-        return sorted(int(p.name) for p in root.iterdir() if _STEP.fullmatch(p.name) and _is_complete(p))
+        return sorted(int(p.name) for p in root.iterdir() if _STEP.fullmatch(p.name) and self._is_complete(p))
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step, or ``None``."""
@@ -289,7 +294,7 @@ class Checkpoints:
     def _delete(self, step: int) -> None:
         """Deletes checkpoint ``step`` if it is ours (a real directory holding our manifest)."""
         path = epath.Path(self.directory) / str(step)
-        if not (_is_complete(path) and (path / MANIFEST).exists()):
+        if not (self._is_complete(path) and (path / MANIFEST).exists()):
             logger.warning("%s is not a checkpoint this class wrote (no %s, or not a directory): not deleted",
                            path, MANIFEST)
             return
@@ -299,6 +304,13 @@ class Checkpoints:
         path.rename(doomed)          # atomic: a deletion cut short never leaves a half-deleted <step>
         _rmtree(doomed)
         logger.info("deleted old checkpoint %s", path)
+
+    def _is_complete(self, path: epath.Path) -> bool:
+        """A committed checkpoint directory: a real directory under its final name (where orbax commits by
+        renaming) or with orbax's commit file, and with our manifest (or orbax's metadata, for checkpoints from
+        before the manifest)."""
+        return (_is_real_directory(path) and (self._renamed or (path / COMMIT_FILE).exists())
+                and ((path / MANIFEST).exists() or (path / STEP_METADATA).exists()))
 
     def _verify(self, step: int, items: tuple[str, ...]) -> None:
         """Checks the files of ``items`` in checkpoint ``step`` against its digest manifest."""
@@ -331,9 +343,7 @@ def _orbax():
 def _committing_path_class(root: epath.Path, on_commit):
     """Orbax's temporary-path class for ``root`` that writes the digest manifest into a step's directory
     just before orbax commits it, and calls ``on_commit()`` once it is committed."""
-    from orbax.checkpoint._src.path import atomicity_defaults
-
-    base = atomicity_defaults.get_default_temporary_path_class(root)
+    base = _orbax().path.atomicity_defaults.get_default_temporary_path_class(root)
 
     class CommittingPath(base):
         async def finalize(self, *args, **kwargs):
@@ -360,13 +370,6 @@ def _is_real_directory(path: epath.Path) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
-
-
-def _is_complete(path: epath.Path) -> bool:
-    """A committed checkpoint directory: a real directory with orbax's commit file and our manifest
-    (or orbax's metadata, for checkpoints from before the manifest)."""
-    return (_is_real_directory(path) and (path / COMMIT_FILE).exists()
-            and ((path / MANIFEST).exists() or (path / STEP_METADATA).exists()))
 
 
 def _rmtree(path: epath.Path) -> None:

@@ -197,8 +197,7 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
     try:
         with open(os.path.join(tmp, f"{name}.jaxexport"), "wb") as f:
             f.write(exported.serialize())
-        with open(os.path.join(tmp, VARIABLES), "wb") as f:
-            np.savez(f, allow_pickle=False, **dict(zip(keys, leaves)))
+        _write_leaves(os.path.join(tmp, VARIABLES), keys, leaves)
         if saved_model:
             _write_saved_model(os.path.join(tmp, "saved_model"), flat_predict, leaves, shapes, serving_features, platforms)
         signature["files"] = file_digests(tmp)
@@ -348,6 +347,15 @@ def _plain_dtype(name: str):
     if dtype.hasobject or dtype.names is not None or dtype.subdtype is not None or dtype.kind not in "biufcV":
         return None
     return dtype
+
+
+def _write_leaves(path: str, keys: list[str], leaves: list[np.ndarray]) -> None:
+    """The archive numpy's ``savez`` writes (one stored ``<key>.npy`` member per leaf), each leaf written without
+    pickle: numpy 2.0's ``savez`` takes no ``allow_pickle`` (it would store the flag as one more array)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
+        for key, leaf in zip(keys, leaves):
+            with npz.open(f"{key}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, leaf, allow_pickle=False)
 
 
 def _read_leaves(directory: str, signature: dict, digest: dict | None) -> list[np.ndarray]:

@@ -9,6 +9,7 @@ import against the flow fails here, before it is a tangle.
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             else:
                 out.append((line, m.group(3)))
         return out
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1]) if path.is_relative_to(ROOT) else ""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -84,6 +85,53 @@ def test_infeed_sub_packages_import_only_downwards():
                 wrong.append(f"infeed/{path.relative_to(ROOT / 'infeed')}:{line} imports {module} "
                              f"({there} is above {here})")
     assert not wrong, "\n".join(wrong)
+
+
+def _private(name: str) -> bool:
+    """A private part of a dotted name: ``_src``, ``_impl`` (never a dunder such as ``__future__``)."""
+    return any(part.startswith("_") and not part.endswith("__") for part in name.split("."))
+
+
+def _another_package(module: str) -> bool:
+    """Neither ours nor Python's own (whose underscored names, such as ``os._exit``, are documented API)."""
+    top = module.split(".")[0]
+    return top not in PACKAGES and top not in sys.stdlib_module_names
+
+
+def _private_uses(path: Path) -> list[str]:
+    """``line: name`` for each private module or name of another package that ``path`` imports
+    (``from orbax.checkpoint._src.path import x``, ``import jax._src``, ``from numpy import _core``) or reaches
+    through an imported name (``jax._src.monitoring``)."""
+    found = [f"{line}: {module}" for line, module in _imports(path) if _another_package(module) and _private(module)]
+    if path.suffix == ".py":
+        tree = ast.parse(path.read_text(), str(path))
+        bound = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names if _another_package(alias.name)}
+        bound |= {alias.asname or alias.name for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and not node.level and node.module
+                  and _another_package(node.module) for alias in node.names}
+        found += [f"{node.lineno}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                  and _private(node.attr)]
+    return sorted(found, key=lambda use: int(use.split(":")[0]))
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_private_module_of_another_package_is_imported(package):
+    """Only other packages' public APIs: a private module (``orbax.checkpoint._src``) moves in any release.
+    Our own underscore modules (``infeed.tfrecord._tfrecord``, ``infeed._native``) are ours to use."""
+    wrong = [f"{path.relative_to(ROOT)}:{use}" for path in _sources(package) for use in _private_uses(path)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_private_import_check_finds_each_kind(tmp_path):
+    source = tmp_path / "example.py"
+    source.write_text("from orbax.checkpoint._src.path import atomicity\nimport jax._src.core\nimport numpy as np\n"
+                      "from numpy import _core\nfrom jax import monitoring\nmonitoring._unregister()\nnp._core\n"
+                      "from __future__ import annotations\nfrom infeed._native import x\nimport jax\njax.numpy\nimport os\n"
+                      "os._exit(0)\n")
+    found = _private_uses(source)
+    assert [use.split(":")[0] for use in found] == ["1", "1", "2", "4", "6", "7"], found
 
 
 def test_only_the_three_packages_are_installed():

@@ -23,6 +23,7 @@ persistent-cache hits and programs written to the cache.
 from __future__ import annotations
 
 import os
+import threading
 
 import jax
 import jax.monitoring
@@ -119,16 +120,43 @@ class CompileWatch:
             self.cache_writes += 1
 
     def __enter__(self) -> "CompileWatch":
-        jax.monitoring.register_event_duration_secs_listener(self._duration)
-        jax.monitoring.register_event_listener(self._event)
+        global _listening
+        with _watches_lock:
+            if not _listening:
+                # Registered once per process and never unregistered: jax.monitoring has no public
+                # unregister_* before jax 0.8.1, and clear_event_listeners would drop every other user's too.
+                jax.monitoring.register_event_duration_secs_listener(_forward_duration)
+                jax.monitoring.register_event_listener(_forward_event)
+                _listening = True
+            _watches.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        jax.monitoring.unregister_event_duration_listener(self._duration)
-        jax.monitoring.unregister_event_listener(self._event)
+        with _watches_lock:
+            _watches.remove(self)
 
     def as_dict(self) -> dict:
         """The counts and seconds, as a dict (for JSON)."""
         return {"trace_seconds": self.trace_seconds, "lower_seconds": self.lower_seconds,
                 "compile_seconds": self.compile_seconds, "programs": self.programs, "cache_hits": self.cache_hits,
                 "cache_writes": self.cache_writes}
+
+
+#: The open watches, which the process's one pair of listeners forwards jax.monitoring's events to.
+_watches: list[CompileWatch] = []
+_watches_lock = threading.Lock()
+_listening = False
+
+
+def _forward_duration(event: str, duration: float, **kwargs) -> None:
+    with _watches_lock:
+        watches = tuple(_watches)
+    for watch in watches:
+        watch._duration(event, duration, **kwargs)
+
+
+def _forward_event(event: str, **kwargs) -> None:
+    with _watches_lock:
+        watches = tuple(_watches)
+    for watch in watches:
+        watch._event(event, **kwargs)

@@ -1,8 +1,8 @@
 """Device meshes and the shardings of state and batches over them.
 
 >>> mesh = make_mesh({"data": -1})                  # every device on one data-parallel axis
->>> replicated(mesh).spec
-P()
+>>> replicated(mesh).spec == P()
+True
 
 Meshes are made with ``AxisType.Auto`` axes: a step function is ordinary JAX
 code, and XLA's sharding propagation decides the layout of everything between

@@ -134,7 +134,8 @@ def test_a_save_killed_at_any_point_keeps_the_last_checkpoint_and_resumes_to_the
         names = sorted(os.listdir(directory))
         assert ([n for n in names if n.isdigit()], [n for n in names if not n.isdigit()]) == _LEFT_BY[kill_at]
         if kill_at == "before the rename":                  # complete but for the rename: still not listed
-            assert {MANIFEST, "commit_success.txt"} <= set(os.listdir(directory / "6.orbax-checkpoint-tmp"))
+            # (orbax >= 0.12.3 has written its commit_success.txt there too; older orbax writes none locally)
+            assert MANIFEST in os.listdir(directory / "6.orbax-checkpoint-tmp")
     committed = max([int(line.split()[1]) for line in out.splitlines() if line.startswith("committed")] + [0])
 
     with Checkpoints(directory, keep=KEEP) as ckpt:

@@ -117,25 +117,17 @@ def test_xla_compiles_one_program_whatever_placement_the_calls_pass():
     """The first call places the state and step index itself; later calls pass the previous
     call's device outputs, or start at a chosen step: XLA compiles the loop once (counted by
     jax's own compile events, not only by the loop's counter)."""
-    compiled = []
-
-    def listener(event, seconds, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(seconds)
     loop = compile_loop(sgd_step, K, make_mesh({"data": -1}))
     params = jax.block_until_ready(init())
     data = [batches(seed=seed) for seed in range(6)]
     on_devices = jax.device_put(data[5], NamedSharding(loop.mesh, P(None, "data")))
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with xr.CompileWatch() as watch:                  # jax.monitoring's backend compile events
         for seed in range(3):
             params, _ = loop(params, data[seed])
         params, _ = loop(params, data[4], first_step=100)
         params, _ = loop(params, on_devices)
         jax.block_until_ready(params)
-    finally:
-        jax._src.monitoring.unregister_event_duration_listener(listener)
-    assert loop.compilations == 2 == len(compiled)   # numpy batches, then batches already on the devices
+    assert loop.compilations == 2 == watch.programs   # numpy batches, then batches already on the devices
     assert loop.steps_run == 100 + 2 * K
 
 

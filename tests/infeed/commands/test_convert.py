@@ -65,6 +65,20 @@ EXPECTED = [  # per row: name -> (kind, values); missing names are omitted featu
 ]
 
 
+#: pyarrow < 26 cannot round-trip a null fixed-size list through Parquet (its writer refuses one before 25, its
+#: reader before 26): there the Parquet files leave that column ("pairs") out.
+PARQUET_KEEPS_NULL_FIXED_SIZE_LISTS = int(pa.__version__.split(".")[0]) >= 26
+
+
+def write_every_type_parquet(path):
+    """EVERY_TYPE as a Parquet file at ``path``; returns the rows expected from it."""
+    if PARQUET_KEEPS_NULL_FIXED_SIZE_LISTS:
+        pq.write_table(EVERY_TYPE, path)
+        return EXPECTED
+    pq.write_table(EVERY_TYPE.drop_columns(["pairs"]), path)
+    return [{name: value for name, value in row.items() if name != "pairs"} for row in EXPECTED]
+
+
 def assert_rows_equal(got, expected):
     assert len(got) == len(expected)
     for example, want in zip(got, expected):
@@ -79,17 +93,17 @@ def assert_rows_equal(got, expected):
 
 
 def test_parquet_with_every_supported_type_round_trips(tmp_path):
-    pq.write_table(EVERY_TYPE, tmp_path / "t.parquet")
+    expected = write_every_type_parquet(tmp_path / "t.parquet")
     result = convert([str(tmp_path / "t.parquet")], str(tmp_path / "out" / "train"))
     assert result.rows == 3
     assert [s.path for s in result.shards] == [str(tmp_path / "out" / "train-00000-of-00001.tfrecord")]
     assert result.bytes == os.path.getsize(result.shards[0].path)
-    assert_rows_equal(read_back([s.path for s in result.shards]), EXPECTED)
+    assert_rows_equal(read_back([s.path for s in result.shards]), expected)
 
 
 def test_empty_lists_keep_their_column_kind(tmp_path):
     # encode_example writes every empty list as a float_list; the converter keeps the column's kind.
-    pq.write_table(EVERY_TYPE, tmp_path / "t.parquet")
+    write_every_type_parquet(tmp_path / "t.parquet")
     (row,) = read_back([s.path for s in convert([str(tmp_path / "t.parquet")], str(tmp_path / "o"),
                                                  columns=["ints", "words"]).shards])[1:2]
     assert row["ints"][0] == "int64" and row["words"] == ("bytes", [])
