@@ -30,9 +30,11 @@ test: $(STAMP)
 # Each builds the extensions with its own numpy, Cython and setuptools (no build isolation; in place, so the last
 # venv built leaves its extensions to the others: built against numpy >= 2.0, they load under any numpy 2.x),
 # then runs the tests of what those versions touch: the estimator, checkpoints, export, the compiled loop, the
-# feeder, host calls, decoding and conversion, and the packages' doctests (~3 minutes each on 2 cores, set-up included).
+# feeder, host calls, decoding and conversion, the Grain source, docs/embedding.md's Flax and Grain blocks, and the
+# packages' doctests (~3 minutes each on 2 cores, set-up included).
 COMPAT_TESTS := tests/estimator tests/xla_runtime tests/reliability/test_checkpoints.py tests/reliability/test_export.py \
-	tests/infeed/example tests/infeed/tfrecord tests/infeed/commands/test_convert.py infeed xla_runtime estimator
+	tests/infeed/example tests/infeed/tfrecord tests/infeed/commands/test_convert.py tests/infeed/test_grain_source.py \
+	tests/docs infeed xla_runtime estimator
 
 .venv-%/.installed: constraints/%.txt setup.py pyproject.toml $(EXT_SOURCES)
 	test -x .venv-$*/bin/python || $(PYTHON) -m venv .venv-$*

@@ -152,7 +152,8 @@ def test_host_copies_reuse_memory_only_once_no_device_array_or_computation_uses_
     for k, batch in kept:                               # alive all along: never written over
         np.testing.assert_array_equal(np.asarray(batch["x"]), np.full((16, 128), k, np.float32))
     assert [float(s) for s in sums] == [16 * 128 * k for k in range(12)]
-    assert buffers.reused > 0 and buffers.allocated >= 2 * 4
+    # At least one buffer a kept batch's "x" (its "id" too where the device array aliases it: jax 0.10, not 0.7).
+    assert buffers.reused > 0 and buffers.allocated >= 4
 
 
 def test_transfer_overlaps_compute(mesh):
