@@ -12,8 +12,8 @@ extensions = [
     Extension("infeed.example._example", ["infeed/example/_example.pyx"],
               include_dirs=[numpy.get_include()], extra_compile_args=COMPILE_ARGS,
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]),
-    Extension("infeed.example._image", ["infeed/example/_image.pyx"],
-              include_dirs=[numpy.get_include()], extra_compile_args=COMPILE_ARGS,
+    Extension("infeed.example._image", ["infeed/example/_image.pyx", "infeed/example/_bilinear_u8.c"],
+              include_dirs=["infeed/example", numpy.get_include()], extra_compile_args=COMPILE_ARGS,
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]),
     Extension("infeed.ring._ring", ["infeed/ring/_ring.pyx"], extra_compile_args=COMPILE_ARGS),
 ]
@@ -27,7 +27,7 @@ setup(
     packages=find_packages(include=["infeed", "infeed.*", "xla_runtime", "xla_runtime.*", "estimator", "estimator.*"]),
     ext_modules=cythonize(extensions, language_level=3,
                           compiler_directives={"embedsignature": True}),
-    package_data={"infeed.tfrecord": ["*.pyx", "*.pxd", "*.h"], "infeed.example": ["*.pyx", "*.pxd"],
+    package_data={"infeed.tfrecord": ["*.pyx", "*.pxd", "*.h"], "infeed.example": ["*.pyx", "*.pxd", "*.h"],
                   "infeed.ring": ["*.pyx"]},
     # Each lower bound is the oldest version tested (constraints/oldest.txt, `make test-oldest`), each upper bound
     # the next minor not tested (the newest below it: constraints/newest.txt, `make test-newest`); docs/porting.md.

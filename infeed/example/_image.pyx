@@ -15,13 +15,18 @@ triangle filter of radius one source pixel (bilinear, 2 taps per axis), or with
 shrinking). Taps that fall outside the image are dropped and the others
 renormalised (an edge pixel repeats, as TensorFlow clamps).
 
+8-bit RGB into uint8 with neither scale nor bias, bilinear (a crop of a decoded
+JPEG as most models take it), is resampled in fixed point instead
+(``_bilinear_u8.c``, half the float kernel's time): the same values rounded, or
+one level off where the float value lies within 0.02 of a half.
+
 Bounds: the window is checked against the image and the placement against the
 row before anything is read or written; every tap index is clamped into the
 image when the taps are computed, so the loops need no checks of their own.
 """
 
-from libc.math cimport floor, ceil, fabs
-from libc.stdint cimport uint8_t, uint16_t, uint32_t
+from libc.math cimport fabs
+from libc.stdint cimport int16_t, uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport calloc, malloc, free
 from libc.string cimport memcpy
 
@@ -52,6 +57,17 @@ cdef struct Axis:
     float *taps            # pair_plan: per output position, its two weights times each channel's scale
 
 
+cdef inline int ifloor(double x) noexcept nogil:
+    """``floor(x)`` for ``x`` within int's range, without libm's call (no SSE4.1 in the baseline)."""
+    cdef int i = <int>x
+    return i - 1 if x < i else i
+
+
+cdef inline int iceil(double x) noexcept nogil:
+    cdef int i = <int>x
+    return i + 1 if x > i else i
+
+
 cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, bint antialias) noexcept nogil:
     """The taps of ``n_out`` output pixels resampling ``[start, start + length)`` of ``n_src`` pixels: only
     the pixels the window covers (a crop's edge pixel repeats, as when the crop is cut out first)."""
@@ -59,13 +75,13 @@ cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, 
     cdef double support = scale if antialias and scale > 1.0 else 1.0
     cdef double centre, w, total
     cdef int i, j, lo, hi, k
-    cdef int first = <int>floor(start + 1e-6), last = <int>ceil(start + length - 1e-6) - 1
+    cdef int first = ifloor(start + 1e-6), last = iceil(start + length - 1e-6) - 1
     if first < 0:
         first = 0
     if last > n_src - 1:
         last = n_src - 1
     ax.n = n_out
-    ax.max_taps = <int>ceil(2.0 * support) + 2
+    ax.max_taps = iceil(2.0 * support) + 2
     ax.first = <int *>malloc(sizeof(int) * n_out)
     ax.count = <int *>malloc(sizeof(int) * n_out)
     ax.weights = <float *>malloc(sizeof(float) * n_out * ax.max_taps)
@@ -73,8 +89,8 @@ cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, 
         return -1
     for i in range(n_out):
         centre = start + (i + 0.5) * scale               # in source coordinates, pixel j spans [j, j + 1)
-        lo = <int>floor(centre - support - 0.5)
-        hi = <int>ceil(centre + support - 0.5)
+        lo = ifloor(centre - support - 0.5)
+        hi = iceil(centre + support - 0.5)
         if lo < first:
             lo = first
         if hi > last:
@@ -140,6 +156,17 @@ cdef bint pair_plan(Axis *xs, int channels, bint flip, const float *scale) noexc
             t[c] = xs.weights[x * xs.max_taps] * scale[c]
             t[8 + c] = xs.weights[x * xs.max_taps + 1] * scale[c]
     return True
+
+
+cdef extern from "_bilinear_u8.h":
+    size_t bilinear_u8_taps_size "infeed_bilinear_u8_taps_size"(int n) noexcept nogil
+    void bilinear_u8_taps "infeed_bilinear_u8_taps"(int n, const float *w1, int16_t *taps) noexcept nogil
+    void bilinear_u8_vertical "infeed_bilinear_u8_vertical"(const uint8_t *p, const uint8_t *q, float w1,
+                                                            Py_ssize_t n, int16_t *col) noexcept nogil
+    void bilinear_u8_horizontal "infeed_bilinear_u8_horizontal"(const int16_t *col, int n, const Py_ssize_t *offsets,
+                                                                const int16_t *taps, uint8_t *out) noexcept nogil
+    int bilinear_u8_set_simd "infeed_bilinear_u8_set_simd"(int enabled) noexcept nogil
+    const char *bilinear_u8_impl "infeed_bilinear_u8_impl"() noexcept nogil
 
 
 cdef extern from *:
@@ -326,11 +353,58 @@ ctypedef fused pixel_t:
     uint16_t
 
 
+cdef bint resample_bilinear_u8(const uint8_t *src, Py_ssize_t src_stride, Axis *ys, Axis *xs, Py_ssize_t width,
+                               char *out, Py_ssize_t out_stride, bint flip) noexcept nogil:
+    """``resample`` of 8-bit RGB into uint8, unscaled, in fixed point (``_bilinear_u8.h``) where no output pixel
+    has more than two taps on either axis: False, having written nothing, otherwise (or short of memory).
+    ``src`` points at the window's first column, ``xs.first`` is relative to it."""
+    cdef int x, y, i
+    for y in range(ys.n):
+        if ys.count[y] > 2:
+            return False
+    for x in range(xs.n):
+        if xs.count[x] > 2:
+            return False
+    cdef Py_ssize_t *offsets = <Py_ssize_t *>malloc(sizeof(Py_ssize_t) * xs.n)
+    cdef float *w1 = <float *>malloc(sizeof(float) * xs.n)
+    cdef int16_t *taps = <int16_t *>malloc(sizeof(int16_t) * bilinear_u8_taps_size(xs.n))
+    cdef int16_t *column = <int16_t *>calloc(width + 16, sizeof(int16_t))     # zeros past it: see the header
+    cdef bint planned = offsets != NULL and w1 != NULL and taps != NULL and column != NULL
+    cdef const uint8_t *p
+    if planned:
+        for i in range(xs.n):
+            x = xs.n - 1 - i if flip else i
+            offsets[i] = <Py_ssize_t>xs.first[x] * 3
+            w1[i] = xs.weights[x * xs.max_taps + 1] if xs.count[x] == 2 else 0.0
+        bilinear_u8_taps(xs.n, w1, taps)
+        for y in range(ys.n):
+            p = src + ys.first[y] * src_stride
+            if ys.count[y] == 2:
+                bilinear_u8_vertical(p, p + src_stride, ys.weights[y * ys.max_taps + 1], width, column)
+            else:
+                bilinear_u8_vertical(p, p, 0.0, width, column)
+            bilinear_u8_horizontal(column, xs.n, offsets, taps, <uint8_t *>(out + y * out_stride))
+    free(offsets)
+    free(w1)
+    free(taps)
+    free(column)
+    return planned
+
+
+cdef bint unscaled(const float *scale, const float *bias, int channels) noexcept nogil:
+    cdef int c
+    for c in range(channels):
+        if scale[c] != 1.0 or bias[c] != 0.0:
+            return False
+    return True
+
+
 cdef void resample(const pixel_t *src, Py_ssize_t src_stride, int channels, Axis *ys, Axis *xs,
                    float *column, float *line, char *out, Py_ssize_t out_stride, int kind, bint flip,
                    const float *scale, const float *bias) noexcept nogil:
     """Per output row: the vertical taps over the window's columns into ``column`` (contiguous, vectorised),
-    then the horizontal taps into ``line`` (scaled and biased, mirrored when asked), stored cast into ``out``.
+    then the horizontal taps into ``line`` (scaled and biased, mirrored when asked), stored cast into ``out``;
+    8-bit RGB into uint8, unscaled and bilinear, in fixed point instead (``resample_bilinear_u8``).
     ``xs.first`` is made relative to the window's first column here."""
     cdef int y, x, c, k, x_lo = xs.first[0], x_hi = 0
     cdef Py_ssize_t width, o
@@ -344,6 +418,10 @@ cdef void resample(const pixel_t *src, Py_ssize_t src_stride, int channels, Axis
     for x in range(xs.n):
         xs.first[x] -= x_lo
     width = <Py_ssize_t>(x_hi - x_lo) * channels
+    if pixel_t is uint8_t:
+        if kind == OUT_U8 and channels == 3 and unscaled(scale, bias, channels) and \
+                resample_bilinear_u8(src + x_lo * channels, src_stride, ys, xs, width, out, out_stride, flip):
+            return
     cdef bint pairs = HORIZONTAL_VEC and channels >= 3 and pair_plan(xs, channels, flip, scale)
     for y in range(ys.n):
         p = src + ys.first[y] * src_stride + x_lo * channels
@@ -368,6 +446,17 @@ cdef void resample(const pixel_t *src, Py_ssize_t src_stride, int channels, Axis
                         acc = acc + w[k] * q[channels * k + c]
                     line[o + c] = acc * scale[c] + bias[c]
         store_line(line, <Py_ssize_t>xs.n * channels, out + y * out_stride, kind)
+
+
+def set_simd(bint enabled):
+    """Whether the fixed-point kernel (8-bit RGB into uint8) uses AVX2 where the CPU has it (the default) or its
+    portable code, which computes the same bytes; returns the setting before. For tests and benchmarks."""
+    return bool(bilinear_u8_set_simd(enabled))
+
+
+def fixed_point_impl():
+    """``"avx2"`` or ``"portable"``: what the fixed-point kernel runs now."""
+    return bilinear_u8_impl().decode()
 
 
 cdef object _per_channel(value, int channels):

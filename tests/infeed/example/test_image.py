@@ -18,6 +18,7 @@ from PIL import Image as PILImage
 
 import infeed
 from infeed import Daemon, Dataset, DecodeError, ExampleParser, FixedLen, Image, encode_example
+from infeed.example import _image
 from infeed.example import image as image_module
 from infeed.example._image import resize_into
 from infeed.example.spec import spec_from_json, spec_to_json
@@ -211,8 +212,13 @@ def test_float_outputs_are_normalised_and_halves_are_the_float32_values_rounded(
         half = decode(Image(size=(50, 50), dtype=dtype, mean=mean, std=std), data)
         assert half.dtype == np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
         assert np.array_equal(half, normalised.astype(half.dtype))
-    as_u8 = decode(Image(size=(50, 50)), data)
-    assert np.array_equal(as_u8, np.clip(np.floor(plain + 0.5), 0, 255).astype(np.uint8))
+    # uint8 from 8-bit RGB is resampled in fixed point: the float32 values rounded, or a level off where they lie
+    # within 0.02 of a half
+    as_u8 = decode(Image(size=(50, 50)), data).astype(int)
+    rounded = np.clip(np.floor(plain + 0.5), 0, 255)
+    assert np.abs(as_u8 - rounded).max() <= 1
+    off = as_u8 != rounded
+    assert (np.abs(plain[off] - np.floor(plain[off]) - 0.5) < 0.02).all()
 
 
 @pytest.mark.parametrize("channels", [1, 3, 4])
@@ -234,6 +240,57 @@ def test_the_kernel_matches_the_reference_for_any_channels_width_flip_and_placem
     outside = np.ones(out.shape[:2], bool)
     outside[1:12, 2:2 + out_w] = False
     assert (out[outside] == -7.0).all()
+
+
+@pytest.mark.parametrize("simd", [True, False], ids=["avx2-where-present", "portable"])
+@pytest.mark.parametrize("out_w", [1, 7, 8, 9, 33, 224])
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("window", [(3.5, 5.25, 30.0, 44.0), (0, 0, 41, 57), (40.2, 56.5, 0.8, 0.5), (10, 0, 31, 1)],
+                         ids=["inside", "whole", "last-pixel", "one-column"])
+def test_the_fixed_point_kernel_is_within_a_level_of_the_float_one(simd, out_w, flip, window):
+    # 8-bit RGB into uint8, unscaled and bilinear, runs in fixed point (_bilinear_u8.c): the float kernel's
+    # values rounded, or a level off only where they lie within 0.02 of a half. Widths cover the AVX2 loop's 8
+    # pixels and its tail; windows at the edges give pixels with one tap (the second, weighing 0, read past the
+    # last pixel); placement inside a larger row checks that nothing is written around it.
+    rng = np.random.default_rng(out_w)
+    image = rng.integers(0, 256, (41, 57, 3), dtype=np.uint8)
+    image[:20] = np.cumsum(rng.integers(0, 3, (20, 57, 3)), axis=1).astype(np.uint8)    # smooth rows too
+    floats = np.zeros((13, out_w + 4, 3), np.float32)
+    resize_into(image, *window, floats, 1, 2, 11, out_w, flip=flip)
+    want = np.clip(np.floor(floats[1:12, 2:2 + out_w] + 0.5), 0, 255)
+    out = np.full((13, out_w + 4, 3), 7, np.uint8)
+    before = _image.set_simd(simd)
+    try:
+        resize_into(image, *window, out, 1, 2, 11, out_w, flip=flip)
+    finally:
+        _image.set_simd(before)
+    got = out[1:12, 2:2 + out_w].astype(int)
+    assert np.abs(got - want).max() <= 1
+    off = got != want
+    values = floats[1:12, 2:2 + out_w][off]
+    assert (np.abs(values - np.floor(values) - 0.5) < 0.02).all()
+    outside = np.ones(out.shape[:2], bool)
+    outside[1:12, 2:2 + out_w] = False
+    assert (out[outside] == 7).all()
+
+
+def test_the_fixed_point_kernels_avx2_and_portable_code_give_the_same_bytes():
+    rng = np.random.default_rng(7)
+    image = rng.integers(0, 256, (375, 500, 3), dtype=np.uint8)
+    results = []
+    for simd in (True, False):
+        before = _image.set_simd(simd)
+        try:
+            out = np.zeros((224, 224, 3), np.uint8)
+            for window, flip in (((23.5, 86.0, 328.0, 328.0), False), ((10.3, 7.9, 200.4, 350.1), True),
+                                 ((0, 0, 100, 60), False)):
+                resize_into(image, *window, out, 0, 0, 224, 224, flip=flip)
+                results.append(out.copy())
+        finally:
+            _image.set_simd(before)
+    for a, b in zip(results[:3], results[3:]):
+        assert np.array_equal(a, b)
+    assert _image.fixed_point_impl() in ("avx2", "portable")
 
 
 def test_the_kernel_refuses_windows_and_placements_outside_its_arrays():
