@@ -57,7 +57,8 @@ from infeed.example.codec import ExampleParser
 from infeed.example.spec import Padded
 from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.files import expand_files
-from infeed.tfrecord.index import INDEX_SUFFIX, RecordIndex, build_index, index_path, load_index, write_index
+from infeed.tfrecord.index import (INDEX_SUFFIX, MAX_JOINED_READ, RecordIndex, build_index, index_path, load_index,
+                                   read_indexed, write_index)
 from infeed.tfrecord.reader import open_random_access
 
 __all__ = ["TFRecordSource", "ParseBatch", "ParseExample", "MISSING_INDEX"]
@@ -70,8 +71,6 @@ MISSING_INDEX = {
 }
 
 _FRAMING = 16                  # a record's 12 header and 4 footer bytes
-#: The most bytes one read of a batch covers when it joins adjacent records (``_getitems``).
-MAX_JOINED_READ = 8 << 20
 
 
 class TFRecordSource:
@@ -215,36 +214,14 @@ class TFRecordSource:
     def _getitems(self, indices: Sequence[int]) -> list[bytes]:
         """The records at ``indices``, in that order: records adjacent in a file are read with one call
         (up to :data:`MAX_JOINED_READ` bytes), each still CRC-checked alone."""
-        wanted = []                                    # (file, offset, position in indices, record, length)
-        for pos, index in enumerate(indices):
-            f, k = self._where(index)
-            ix = self._index(f)
-            wanted.append((f, ix.offsets.item(k), pos, k, ix.lengths.item(k)))
-        wanted.sort()
-        out: list = [None] * len(wanted)
-        run_start = 0
-        for j in range(1, len(wanted) + 1):
-            if j < len(wanted):
-                f, offset = wanted[j][0], wanted[j][1]
-                pf, poff, _, _, plen = wanted[j - 1]
-                if f == pf and offset == poff + plen + _FRAMING and \
-                        offset + wanted[j][4] + _FRAMING - wanted[run_start][1] <= MAX_JOINED_READ:
-                    continue
-            self._read_run(wanted[run_start:j], out)
-            run_start = j
-        return out
+        located = [self._where(index) for index in indices]
+        return read_indexed(self._read_at, self.paths, self._index, [f for f, _ in located], [k for _, k in located],
+                            MAX_JOINED_READ)
 
     __getitems__ = _getitems
 
-    def _read_run(self, run: list, out: list) -> None:
-        f, first = run[0][0], run[0][1]
-        last = run[-1]
-        end = last[1] + last[4] + _FRAMING
-        data = memoryview(self._file(f).read_at(first, end - first))
-        path = self.paths[f]
-        for _, offset, pos, k, length in run:
-            at = offset - first
-            out[pos] = _tfrecord.unframe(data[at:at + length + _FRAMING], path, k, offset, length)
+    def _read_at(self, f: int, offset: int, size: int) -> bytes:
+        return self._file(f).read_at(offset, size)
 
     def __repr__(self) -> str:
         # Grain's DataLoader keeps this in its checkpoints to check a restore against: stable, and short.

@@ -61,8 +61,8 @@ _ADVICE = {
     "inflate": "store the files uncompressed, or add workers or cores",
     "crc": "add workers or cores",
     "decode": "add workers or cores",
-    "other": "each worker reads the framing of every record: write an index (infeed index) and use "
-             "shuffle='global', or fewer workers",
+    "other": "each worker reads the framing of every record: write an index (infeed index), with which "
+             "workers read only their own batches, or use fewer workers",
 }
 
 

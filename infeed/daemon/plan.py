@@ -4,9 +4,11 @@ Every worker walks the same sequence; it reads and decodes only the batches it
 owns and moves past the others as cheaply as the order allows: without record
 shuffling, by reading the framing alone (no copy, no data CRC: the owner checks
 those); with a shuffle buffer, by reading the records (the buffer needs them)
-without decoding; with an index and ``shuffle="global"``, not at all. Without
-shuffling, a worker decodes its own records where they lie in the reader's
-buffer, straight into the ring slot, with no bytes object in between.
+without decoding; with an index for every file (``infeed index``; any
+shuffle), not at all: a worker reads only its own batches' records, those that
+follow each other in a file with one call. Without shuffling or an index, a
+worker decodes its own records where they lie in the reader's buffer, straight
+into the ring slot, with no bytes object in between.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from infeed.tfrecord import _tfrecord
+from infeed.tfrecord.index import read_indexed
 
-unframe, count_read = _tfrecord.unframe, _tfrecord.count_read
+count_read = _tfrecord.count_read
 
 __all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "IndexedFiles", "epoch_paths", "epoch_order",
            "epoch_batches", "exists", "record_offset"]
@@ -353,25 +356,31 @@ def epoch_order(ds, epoch: int, counts: list[int]) -> np.ndarray:
 
 
 class IndexedFiles:
-    """Reads framed records at known offsets, checking both CRCs, one open file per path."""
+    """Reads records of an epoch's files by their indexes' offsets (records adjacent in a file with one read),
+    checking both CRCs of each, one open file per path; the reads count as the stage ``read``."""
 
-    def __init__(self):
+    def __init__(self, paths: list, indexes: list):
+        self._paths, self._indexes = paths, indexes
         self._open: dict = {}
 
-    def read(self, path: str, offset: int, length: int, index: int) -> bytes:
+    def read(self, files: np.ndarray, records: np.ndarray) -> list:
+        """The data of record ``records[i]`` of file ``files[i]`` (positions in ``paths``), in that order."""
+        return read_indexed(self._read_at, self._paths, self._indexes.__getitem__, files, records)
+
+    def _read_at(self, f: int, offset: int, size: int) -> bytes:
         from infeed.tfrecord.reader import open_random_access
 
         began = time.monotonic_ns()
-        f = self._open.get(path)
-        if f is None:
-            f = self._open[path] = open_random_access(path)
-        frame = f.read_at(offset, length + 16)
-        count_read(time.monotonic_ns() - began, len(frame))
-        return unframe(frame, path, index, offset, length)
+        handle = self._open.get(f)
+        if handle is None:
+            handle = self._open[f] = open_random_access(self._paths[f])
+        data = handle.read_at(offset, size)
+        count_read(time.monotonic_ns() - began, len(data))
+        return data
 
     def close(self) -> None:
-        for f in self._open.values():
-            f.close()
+        for handle in self._open.values():
+            handle.close()
         self._open.clear()
 
 
@@ -383,7 +392,7 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[Plann
     starts = np.cumsum([0] + counts)
     size = ds.batch_size
     batches = len(order) // size + (ds.final_batch == "pad" and len(order) % size > 0)
-    files = IndexedFiles()
+    files = IndexedFiles(paths, found)
     try:
         for index in range(first, batches):
             chunk = order[index * size:(index + 1) * size]
@@ -391,17 +400,23 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[Plann
                 yield PlannedBatch(index, len(chunk), None, _no_origins)
                 continue
             file_of = np.searchsorted(starts, chunk, side="right") - 1
-            origins, records = [], []
-            for f, position in zip(file_of.tolist(), chunk.tolist()):
-                ix, k = found[f], position - int(starts[f])
-                offset, length = int(ix.offsets[k]), int(ix.lengths[k])
-                records.append(files.read(paths[f], offset, length, k))
-                origins.append((paths[f], k, offset))
-            yield PlannedBatch(index, len(chunk), _parse_records(records, _record_ids(ds, epoch, origins)),
-                               _origins_of(origins))
+            within = chunk - starts[file_of]
+            records = files.read(file_of, within)
+            ids = (lambda file_of=file_of, within=within:
+                   [(epoch, ds.file_number(paths[f]), k) for f, k in zip(file_of.tolist(), within.tolist())])
+            yield PlannedBatch(index, len(chunk), _parse_records(records, ids), _indexed_where(paths, found, file_of,
+                                                                                                within))
     finally:
         files.close()
     return batches
+
+
+def _indexed_where(paths: list, indexes: list, file_of: np.ndarray, within: np.ndarray) -> Callable[[int], tuple]:
+    """``where(i)``: the path, record and byte offset of a batch's record ``i``, read through the indexes."""
+    def where(i: int) -> tuple:
+        f, k = int(file_of[i]), int(within[i])
+        return paths[f], k, int(indexes[f].offsets[k])
+    return where
 
 
 def record_offset(ds, path: str, record_index: int) -> int:

@@ -217,16 +217,13 @@ def frame(data):
     return out
 
 
-def unframe(frame, str path, int64_t record_index, int64_t offset, int64_t length):
-    """The data of one framed record read at ``offset`` (random access through an index),
-    after checking that its header says ``length`` and that both CRCs verify."""
-    cdef const uint8_t[::1] b = frame
-    cdef Py_ssize_t n = b.shape[0]
-    cdef const uint8_t *p
-    if length < 0 or n != HEADER + length + FOOTER:
+cdef bytes _unframed(const uint8_t *p, Py_ssize_t avail, str path, int64_t record_index, int64_t offset,
+                     int64_t length):
+    """The data of the framed record at ``p`` (``avail`` bytes read there, from ``offset`` of ``path``), after
+    checking that its header says ``length`` and that both CRCs verify."""
+    if length < 0 or avail < HEADER + length + FOOTER:
         raise CorruptRecordError(path, record_index, offset, "truncated_data",
-                                 f"read {n} bytes where the index promises {length + HEADER + FOOTER}")
-    p = &b[0]
+                                 f"read {max(avail, 0)} bytes where the index promises {length + HEADER + FOOTER}")
     if not header_ok(p):
         raise CorruptRecordError(path, record_index, offset, "length_crc",
                                  f"length field reads {load_u64(p)} (is the index stale?)")
@@ -240,6 +237,37 @@ def unframe(frame, str path, int64_t record_index, int64_t offset, int64_t lengt
         raise CorruptRecordError(path, record_index, offset, "data_crc",
                                  f"stored {hex(load_u32(p + HEADER + length))}, computed {hex(want)}")
     return PyBytes_FromStringAndSize(<const char *>p + HEADER, <Py_ssize_t>length)
+
+
+def unframe(frame, str path, int64_t record_index, int64_t offset, int64_t length):
+    """The data of one framed record read at ``offset`` (random access through an index),
+    after checking that its header says ``length`` and that both CRCs verify."""
+    cdef const uint8_t[::1] b = frame
+    cdef Py_ssize_t n = b.shape[0]
+    if length < 0 or n != HEADER + length + FOOTER:
+        raise CorruptRecordError(path, record_index, offset, "truncated_data",
+                                 f"read {n} bytes where the index promises {length + HEADER + FOOTER}")
+    return _unframed(&b[0], n, path, record_index, offset, length)
+
+
+def unframe_run(run, str path, int64_t first_index, int64_t base, const int64_t[::1] offsets,
+                const int64_t[::1] lengths):
+    """The data of records ``first_index``, ``first_index + 1``, ... of ``path``, read in one piece from
+    offset ``base`` (``run``): record ``first_index + i`` starts at ``offsets[i]`` with ``lengths[i]`` data
+    bytes (from an index). Each is checked as :func:`unframe` checks one; a read cut short is ``truncated_data``
+    naming the first record it cuts."""
+    cdef const uint8_t[::1] b = run
+    cdef Py_ssize_t n = b.shape[0], i, at, count = offsets.shape[0]
+    if lengths.shape[0] != count:
+        raise ValueError(f"{count} offsets and {lengths.shape[0]} lengths")
+    cdef list out = []
+    for i in range(count):
+        at = offsets[i] - base
+        if at < 0 or at >= n:      # nothing read there: _unframed refuses it before reading
+            out.append(_unframed(NULL, 0, path, first_index + i, offsets[i], lengths[i]))
+        else:
+            out.append(_unframed(&b[0] + at, n - at, path, first_index + i, offsets[i], lengths[i]))
+    return out
 
 
 def looks_like_tfrecord(head):

@@ -15,6 +15,7 @@ import contextlib
 import os
 import secrets
 import struct
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -24,13 +25,16 @@ from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.files import path_str
 from infeed.tfrecord.reader import _EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output, read_records
 
-__all__ = ["INDEX_SUFFIX", "RecordIndex", "build_index", "index_path", "load_index", "write_index"]
+__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "RecordIndex", "build_index", "index_path", "load_index", "read_indexed",
+           "write_index"]
 
 INDEX_SUFFIX = ".index"
 MAGIC = b"INFEEDIX"
 VERSION = 1
 _HEADER = struct.Struct("<8sIIQQI4x")
 _FRAMING = 16                      # 8-byte length, its 4-byte CRC, and the data's 4-byte CRC
+#: The most bytes :func:`read_indexed` reads with one call for records adjacent in a file.
+MAX_JOINED_READ = 8 << 20
 
 
 class RecordIndex(NamedTuple):
@@ -204,3 +208,36 @@ def _lengths(offsets: np.ndarray, file_size: int) -> np.ndarray:
         raise ValueError(f"records {i} and {i + 1} overlap: they start {offsets[i + 1] - offsets[i]} "
                          f"bytes apart, less than the {_FRAMING} bytes of framing")
     return lengths
+
+
+def read_indexed(read_at: Callable[[int, int, int], bytes], paths: Sequence[str],
+                 index_of: Callable[[int], RecordIndex], files, records,
+                 max_joined: int = MAX_JOINED_READ) -> list[bytes]:
+    """The data of record ``records[i]`` of file ``files[i]`` (numbers into ``paths``), in that order.
+
+    Records that follow each other in a file and in ``records`` are read with
+    one ``read_at(file, offset, size)`` (up to ``max_joined`` bytes), each still
+    checked alone (its header against the index, both CRCs): damage is a
+    :class:`~infeed.CorruptRecordError` naming the file, the record and its
+    byte offset.
+    """
+    files, records = np.asarray(files, np.int64), np.asarray(records, np.int64)
+    n = len(records)
+    if n == 0:
+        return []
+    cuts = (np.flatnonzero((files[1:] != files[:-1]) | (records[1:] != records[:-1] + 1)) + 1).tolist()
+    out: list = []
+    for a, b in zip([0, *cuts], [*cuts, n]):
+        f, k = int(files[a]), int(records[a])
+        index = index_of(f)
+        offsets, lengths = index.offsets[k:k + b - a], index.lengths[k:k + b - a]
+        ends = offsets + lengths + _FRAMING
+        first = 0
+        while first < b - a:                 # reads of max_joined bytes at most (one record at least)
+            last = b - a if ends[-1] - offsets[first] <= max_joined else \
+                max(first + 1, int(np.searchsorted(ends, offsets[first] + max_joined, side="right")))
+            base = int(offsets[first])
+            run = read_at(f, base, int(ends[last - 1]) - base)
+            out += _tfrecord.unframe_run(run, paths[f], k + first, base, offsets[first:last], lengths[first:last])
+            first = last
+    return out

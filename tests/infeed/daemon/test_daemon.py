@@ -285,6 +285,35 @@ def test_an_index_changes_how_records_are_read_not_which(files, indexed, shuffle
     assert_same(through_index, streamed)
 
 
+def test_through_an_index_a_batch_is_one_read_and_a_damaged_record_is_named(indexed, monkeypatch):
+    from infeed.daemon import plan
+    from infeed.tfrecord.index import load_index
+
+    reads = []
+    real = plan.IndexedFiles._read_at
+    monkeypatch.setattr(plan.IndexedFiles, "_read_at", lambda self, f, offset, size: reads.append(size) or
+                        real(self, f, offset, size))
+    ds = Dataset(indexed, SPEC, batch_size=10, num_epochs=1)
+    parser, ids = infeed.ExampleParser(SPEC), []
+    for planned in plan.epoch_batches(ds, 0, 0, lambda index: index % 2 == 0, ds.indexes()):   # a worker of 2
+        if planned.fill is not None:
+            out = parser.allocate(10)
+            planned.fill(parser, out)
+            ids.append(out["id"].tolist())
+    assert ids == [list(range(i, i + 10)) for i in range(0, 100, 20)]
+    assert len(reads) == 5 + 1                # one read a batch it owns, two for records 60-69 (in two files)
+    offset = int(load_index(indexed[1]).offsets[3])
+    with open(indexed[1], "r+b") as f:        # a byte of record 3's data: the file keeps its size and index
+        f.seek(offset + 14)
+        byte = f.read(1)
+        f.seek(offset + 14)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(infeed.CorruptRecordError) as info:
+        collect(Dataset(indexed, SPEC, batch_size=10, num_epochs=1), num_workers=2)
+    err = info.value
+    assert (err.path, err.record_index, err.offset, err.kind) == (indexed[1], 3, offset, "data_crc")
+
+
 def test_global_shuffle_is_a_seeded_permutation_whatever_the_workers(indexed):
     ds = Dataset(indexed, SPEC, batch_size=10, shuffle="global", seed=11, num_epochs=2)
     one, two = ids_of(collect(ds, num_workers=1)), ids_of(collect(ds, num_workers=2))

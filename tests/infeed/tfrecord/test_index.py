@@ -13,7 +13,7 @@ import infeed
 from infeed.commands.cli import main
 from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import RecordIndex, build_index, index_path, load_index, write_index
+from infeed.tfrecord.index import RecordIndex, build_index, index_path, load_index, read_indexed, write_index
 from tfrecord_files import write_records
 
 RECORDS = [infeed.encode_example({"x": list(range(n)), "id": b"r%d" % n}) for n in (0, 1, 7, 300)] + [b"", b"z"]
@@ -157,6 +157,48 @@ def test_compressed_files_are_refused(tmp_path, name):
     path = _write(tmp_path / name, compression="GZIP")
     with pytest.raises(ValueError, match="GZIP-compressed file: offsets in a compressed stream give no random"):
         build_index(path)
+
+
+def test_read_indexed_joins_records_that_follow_each_other_and_keeps_the_order_asked(tmp_path):
+    paths = [_write(tmp_path / "a.tfrecord"), _write(tmp_path / "b.tfrecord", RECORDS[::-1])]
+    indexes = [build_index(p) for p in paths]
+    want = [RECORDS, RECORDS[::-1]]
+    reads = []
+
+    def read_at(f, offset, size):
+        reads.append((f, size))
+        with open(paths[f], "rb") as handle:
+            handle.seek(offset)
+            return handle.read(size)
+
+    files, records = [0, 0, 0, 1, 1, 0, 0, 1], [1, 2, 3, 0, 1, 5, 5, 4]
+    got = read_indexed(read_at, paths, indexes.__getitem__, files, records)
+    assert got == [want[f][k] for f, k in zip(files, records)]
+    assert [f for f, _ in reads] == [0, 1, 0, 0, 1]          # runs 1-3 and 0-1 read in one call each
+    reads.clear()
+    assert read_indexed(read_at, paths, indexes.__getitem__, [0] * 6, range(6), max_joined=100) == RECORDS
+    assert len(reads) > 1 and all(size <= 100 or size == 16 + len(RECORDS[3]) for _, size in reads)
+    assert read_indexed(read_at, paths, indexes.__getitem__, [], []) == []
+
+
+def test_read_indexed_names_the_first_record_a_short_read_cuts_or_a_damaged_one(tmp_path):
+    path = _write(tmp_path / "d.tfrecord")
+    index = build_index(path)
+    data = open(path, "rb").read()
+    cut = int(index.offsets[3]) + 20                         # record 3's frame cut after 20 bytes
+    with pytest.raises(infeed.CorruptRecordError) as info:
+        read_indexed(lambda f, offset, size: data[offset:min(offset + size, cut)], [path], [index].__getitem__,
+                     [0] * 5, range(5))
+    assert (info.value.record_index, info.value.offset, info.value.kind) == (3, int(index.offsets[3]),
+                                                                             "truncated_data")
+    damaged = bytearray(data)
+    damaged[int(index.offsets[2]) + 12] ^= 1                 # record 2's first data byte
+    with pytest.raises(infeed.CorruptRecordError) as info:
+        read_indexed(lambda f, offset, size: bytes(damaged[offset:offset + size]), [path], [index].__getitem__,
+                     [0] * 5, range(5))
+    assert (info.value.path, info.value.record_index, info.value.kind) == (path, 2, "data_crc")
+    with pytest.raises(ValueError, match="offsets"):
+        _tfrecord.unframe_run(data, path, 0, 0, index.offsets[:2], index.lengths[:3])
 
 
 def test_a_corrupt_data_file_raises_naming_the_file_and_offset(tmp_path):
