@@ -168,3 +168,28 @@ def data_note(ds: Dataset, detail: str = "") -> str:
     how = "reused" if ds.write_seconds is None else f"written in {ds.write_seconds:.1f} s"
     return (f"data: {ds.layout.name}: {ds.records:,} records, {ds.nbytes / 1e6:,.1f} MB "
             f"({ds.nbytes / ds.records:,.0f} B/record), {detail}{how}: {ds.path}")
+
+
+def indexed_link(path: str) -> str:
+    """A hard link of the data file (a copy where links fail) with its own ``infeed index`` sidecar: the
+    file itself keeps none, so that its other readers stream it."""
+    from infeed.tfrecord.index import build_index, load_index, write_index
+
+    stem, ext = os.path.splitext(path)
+    link = f"{stem}.indexed{ext}"
+    if not os.path.exists(link):
+        tmp = f"{link}.partial{os.getpid()}"
+        try:
+            os.link(path, tmp)
+        except OSError:
+            import shutil
+
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, link)
+    try:
+        found = load_index(link)
+    except infeed.IndexFileError:
+        found = None
+    if found is None:
+        write_index(build_index(link))
+    return link

@@ -227,30 +227,6 @@ def _mp_prefetch(grain, make_dataset):
     return make
 
 
-def _indexed_link(path: str) -> str:
-    """A hard link of the data file (a copy where links fail) with its own sidecar."""
-    from infeed.tfrecord.index import build_index, load_index, write_index
-
-    stem, ext = os.path.splitext(path)
-    link = f"{stem}.indexed{ext}"
-    if not os.path.exists(link):
-        tmp = f"{link}.partial{os.getpid()}"
-        try:
-            os.link(path, tmp)
-        except OSError:
-            import shutil
-
-            shutil.copyfile(path, tmp)
-        os.replace(tmp, link)
-    try:
-        found = load_index(link)
-    except infeed.IndexFileError:
-        found = None
-    if found is None:
-        write_index(build_index(link))
-    return link
-
-
 def _array_record(path: str) -> str:
     """The records of ``path`` in an ArrayRecord file beside it (``group_size:1``: each record reachable alone)."""
     from array_record.python.array_record_module import ArrayRecordWriter
@@ -357,7 +333,7 @@ def _measure_layout(grain, result: SuiteResult, ds: datasets.Dataset, b: int, re
 
     name, spec = ds.layout.name, ds.layout.spec()
     log(f"grain: {name}: indexing a link of the file, writing its ArrayRecord copy ...")
-    path = _indexed_link(ds.path)
+    path = datasets.indexed_link(ds.path)
     array_path = _array_record(ds.path)
     for p in (path, array_path):                       # into the page cache
         with open(p, "rb") as f:

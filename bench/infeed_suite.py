@@ -23,6 +23,10 @@ here, 1,024 there), it times, interleaved (A B C A B C ...):
   first batch (ring creation, the worker's interpreter start and imports, the
   first batch's decode); for W > 1 a second one runs to batch W, one from
   every worker (they start one after another and share the CPUs).
+- ``daemon W=w, indexed``: the same through a hard link of the file with an
+  ``infeed index`` sidecar, so that each worker reads only its own batches
+  (a batch's records with one ``pread``), where without one it passes the
+  other workers' batches by their framing.
 - ``daemon W=w, busy consumer``: the consumer works for a fixed time per batch
   (``B / parse rate``: the single-process decode time of one batch, measured
   by the ``parse`` rows first), so that with W=1 consumer and worker are about
@@ -140,6 +144,10 @@ def target_of(num: str, den: str, layout: str) -> tuple[float | None, bool]:
 
 def daemon_name(workers: int) -> str:
     return f"daemon W={workers}"
+
+
+def indexed_name(workers: int) -> str:
+    return f"daemon W={workers}, indexed"
 
 
 def startup_name(workers: int) -> str:
@@ -431,12 +439,15 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     log(f"infeed: timing {name} ({repeats} runs per case) ...")
     parse = dataclasses.replace(decode.parse_case(ds, b), name=PARSE)
     idle = {w: DaemonCase(daemon_name(w), dataset, w, n_batches) for w in workers}
+    indexed = infeed.Dataset(datasets.indexed_link(ds.path), spec, batch_size=b, num_epochs=1)
+    through_index = {w: DaemonCase(indexed_name(w), indexed, w, n_batches) for w in workers}
     with contextlib.ExitStack() as stack:
         parallel = [Case(parallel_name(w), stack.enter_context(ParallelParse(ds.path, name, b, w)).run,
                          w * ds.records, w * ds.nbytes) for w in workers if w > 1]
         settle_allocator()
-        measured = interleave([parse, *parallel, *(c.case(all_records, all_bytes) for c in idle.values())], repeats,
-                              WARMUP)
+        measured = interleave([parse, *parallel, *(c.case(all_records, all_bytes)
+                                                   for c in [*idle.values(), *through_index.values()])],
+                              repeats, WARMUP)
     parse_figure = dataclasses.replace(measured[0].figure(SUITE, name), batches=-(-len(sizes) // b))
     result.figures.append(parse_figure)
     result.figures += [dataclasses.replace(m.figure(SUITE, name), batches=parse_figure.batches * w)
@@ -444,6 +455,8 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     for w, c in idle.items():
         result.params.setdefault("feed_spin_s", {})[w] = c.spin
         result.figures.append(_steady_figure(c, daemon_name(w), name, sizes, b, n_batches))
+    for w, c in through_index.items():
+        result.figures.append(_steady_figure(c, indexed_name(w), name, sizes, b, n_batches))
     for w, c in idle.items():
         whole = Case(startup_name(w), c.run, all_records, all_bytes)
         result.figures.append(dataclasses.replace(Measurement(whole, c.after_made[WARMUP:]).figure(SUITE, name),
@@ -480,13 +493,15 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     else:
         result.notes.append(f"hand-off, {name}: not measured ({len(sizes)} records are too few for a round)")
 
-    for c in [*idle.values(), *busy.values()]:
+    for c in [*idle.values(), *through_index.values(), *busy.values()]:
         result.stages.append(stage_breakdown(name, c.name, c.median_stages()))
 
     # Ratios.
     pairs = [(daemon_name(w), PARSE) for w in workers]
     pairs += [(make(w), make(base)) for make in (daemon_name, busy_name) for w in workers if w != base]
     pairs += [(parallel_name(w), PARSE) for w in workers if w > 1]
+    pairs += [(indexed_name(w), daemon_name(w)) for w in workers]
+    pairs += [(indexed_name(w), indexed_name(base)) for w in workers if w != base]
     for num, den in pairs:
         value = result.figure(name, num).records_per_s / result.figure(name, den).records_per_s
         result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", value, *target_of(num, den, name)))

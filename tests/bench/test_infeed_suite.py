@@ -74,7 +74,7 @@ def _run(tmp_path, capsys, *extra):
 
 def _expected(workers, slots=suite.SLOT_SWEEP, layout="mnist"):
     figures = ([suite.PARSE] + [suite.parallel_name(w) for w in workers if w > 1]
-               + [f(w) for f in (suite.daemon_name, suite.startup_name) for w in workers]
+               + [f(w) for f in (suite.daemon_name, suite.indexed_name, suite.startup_name) for w in workers]
                + [suite.busy_name(w, n) for w in workers for n in sorted({suite.SLOTS, *slots})])
     timings = ([suite.startup_timing(w) for w in workers] + [suite.every_worker_timing(w) for w in workers if w > 1]
                + [suite.cpu_timing(w) for w in workers] + [suite.HANDOFF])
@@ -83,6 +83,8 @@ def _expected(workers, slots=suite.SLOT_SWEEP, layout="mnist"):
     ratios.update({f"{suite.daemon_name(w)} / {suite.daemon_name(base)}": None for w in workers if w != base})
     ratios.update({f"{suite.busy_name(w)} / {suite.busy_name(base)}": None for w in workers if w != base})
     ratios.update({f"{suite.parallel_name(w)} / {suite.PARSE}": None for w in workers if w > 1})
+    ratios.update({f"{suite.indexed_name(w)} / {suite.daemon_name(w)}": None for w in workers})
+    ratios.update({f"{suite.indexed_name(w)} / {suite.indexed_name(base)}": None for w in workers if w != base})
     ratios.update({suite.scaling_name(w): (0.85 if w == 2 and layout == suite.DECODE_HEAVY else None)
                    for w in workers if w > 1 and base == 1})
     return figures, timings, ratios
