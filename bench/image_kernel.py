@@ -2,7 +2,8 @@
 
     python -m bench.image_kernel                 # best microseconds per crop over 7 rounds of 300
     python -m bench.image_kernel --calls 11      # just N crops, for instruction counts:
-    valgrind --tool=callgrind python -m bench.image_kernel --calls 1    # and --calls 11: the difference / 10
+    valgrind --tool=callgrind python -m bench.image_kernel --calls 11   # and --calls 21: the difference / 10
+    callgrind_annotate --inclusive=yes callgrind.out.PID | grep -F 'resize_into ['   # its count
 
 ``python -m bench images`` times the kernel over 512 different decoded pictures (its "resize kernel" row),
 which no longer fit the caches; here the picture stays in them, as it does right after its decode.
