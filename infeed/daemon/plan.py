@@ -364,8 +364,9 @@ class IndexedFiles:
         self._open: dict = {}
 
     def read(self, files: np.ndarray, records: np.ndarray) -> list:
-        """The data of record ``records[i]`` of file ``files[i]`` (positions in ``paths``), in that order."""
-        return read_indexed(self._read_at, self._paths, self._indexes.__getitem__, files, records)
+        """The data of record ``records[i]`` of file ``files[i]`` (positions in ``paths``), in that order, as
+        memoryviews into the reads (the decoder takes any buffer)."""
+        return read_indexed(self._read_at, self._paths, self._indexes.__getitem__, files, records, views=True)
 
     def _read_at(self, f: int, offset: int, size: int) -> bytes:
         from infeed.tfrecord.reader import open_random_access

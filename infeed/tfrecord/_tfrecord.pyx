@@ -217,10 +217,10 @@ def frame(data):
     return out
 
 
-cdef bytes _unframed(const uint8_t *p, Py_ssize_t avail, str path, int64_t record_index, int64_t offset,
-                     int64_t length):
-    """The data of the framed record at ``p`` (``avail`` bytes read there, from ``offset`` of ``path``), after
-    checking that its header says ``length`` and that both CRCs verify."""
+cdef int _check_frame(const uint8_t *p, Py_ssize_t avail, str path, int64_t record_index, int64_t offset,
+                      int64_t length) except -1:
+    """Checks the framed record at ``p`` (``avail`` bytes read there, from ``offset`` of ``path``): its header
+    says ``length``, and both CRCs verify."""
     if length < 0 or avail < HEADER + length + FOOTER:
         raise CorruptRecordError(path, record_index, offset, "truncated_data",
                                  f"read {max(avail, 0)} bytes where the index promises {length + HEADER + FOOTER}")
@@ -236,7 +236,7 @@ cdef bytes _unframed(const uint8_t *p, Py_ssize_t avail, str path, int64_t recor
     if want != load_u32(p + HEADER + length):
         raise CorruptRecordError(path, record_index, offset, "data_crc",
                                  f"stored {hex(load_u32(p + HEADER + length))}, computed {hex(want)}")
-    return PyBytes_FromStringAndSize(<const char *>p + HEADER, <Py_ssize_t>length)
+    return 0
 
 
 def unframe(frame, str path, int64_t record_index, int64_t offset, int64_t length):
@@ -247,26 +247,31 @@ def unframe(frame, str path, int64_t record_index, int64_t offset, int64_t lengt
     if length < 0 or n != HEADER + length + FOOTER:
         raise CorruptRecordError(path, record_index, offset, "truncated_data",
                                  f"read {n} bytes where the index promises {length + HEADER + FOOTER}")
-    return _unframed(&b[0], n, path, record_index, offset, length)
+    _check_frame(&b[0], n, path, record_index, offset, length)
+    return PyBytes_FromStringAndSize(<const char *>&b[0] + HEADER, <Py_ssize_t>length)
 
 
 def unframe_run(run, str path, int64_t first_index, int64_t base, const int64_t[::1] offsets,
-                const int64_t[::1] lengths):
+                const int64_t[::1] lengths, bint views=False):
     """The data of records ``first_index``, ``first_index + 1``, ... of ``path``, read in one piece from
     offset ``base`` (``run``): record ``first_index + i`` starts at ``offsets[i]`` with ``lengths[i]`` data
     bytes (from an index). Each is checked as :func:`unframe` checks one; a read cut short is ``truncated_data``
-    naming the first record it cuts."""
+    naming the first record it cuts. ``views``: memoryviews into ``run`` rather than bytes (no copy)."""
     cdef const uint8_t[::1] b = run
     cdef Py_ssize_t n = b.shape[0], i, at, count = offsets.shape[0]
     if lengths.shape[0] != count:
         raise ValueError(f"{count} offsets and {lengths.shape[0]} lengths")
+    whole = memoryview(run) if views else None
     cdef list out = []
     for i in range(count):
         at = offsets[i] - base
-        if at < 0 or at >= n:      # nothing read there: _unframed refuses it before reading
-            out.append(_unframed(NULL, 0, path, first_index + i, offsets[i], lengths[i]))
+        if at < 0 or at >= n:      # nothing read there: refused before anything is read
+            _check_frame(NULL, 0, path, first_index + i, offsets[i], lengths[i])
+        _check_frame(&b[0] + at, n - at, path, first_index + i, offsets[i], lengths[i])
+        if views:
+            out.append(whole[at + HEADER:at + HEADER + lengths[i]])
         else:
-            out.append(_unframed(&b[0] + at, n - at, path, first_index + i, offsets[i], lengths[i]))
+            out.append(PyBytes_FromStringAndSize(<const char *>&b[0] + at + HEADER, <Py_ssize_t>lengths[i]))
     return out
 
 

@@ -212,8 +212,9 @@ def _lengths(offsets: np.ndarray, file_size: int) -> np.ndarray:
 
 def read_indexed(read_at: Callable[[int, int, int], bytes], paths: Sequence[str],
                  index_of: Callable[[int], RecordIndex], files, records,
-                 max_joined: int = MAX_JOINED_READ) -> list[bytes]:
-    """The data of record ``records[i]`` of file ``files[i]`` (numbers into ``paths``), in that order.
+                 max_joined: int = MAX_JOINED_READ, views: bool = False) -> list:
+    """The data of record ``records[i]`` of file ``files[i]`` (numbers into ``paths``), in that order: bytes,
+    or with ``views`` memoryviews into the reads (no copy; they keep their read alive).
 
     Records that follow each other in a file and in ``records`` are read with
     one ``read_at(file, offset, size)`` (up to ``max_joined`` bytes), each still
@@ -238,6 +239,7 @@ def read_indexed(read_at: Callable[[int, int, int], bytes], paths: Sequence[str]
                 max(first + 1, int(np.searchsorted(ends, offsets[first] + max_joined, side="right")))
             base = int(offsets[first])
             run = read_at(f, base, int(ends[last - 1]) - base)
-            out += _tfrecord.unframe_run(run, paths[f], k + first, base, offsets[first:last], lengths[first:last])
+            out += _tfrecord.unframe_run(run, paths[f], k + first, base, offsets[first:last], lengths[first:last],
+                                         views)
             first = last
     return out

@@ -179,6 +179,8 @@ def test_read_indexed_joins_records_that_follow_each_other_and_keeps_the_order_a
     assert read_indexed(read_at, paths, indexes.__getitem__, [0] * 6, range(6), max_joined=100) == RECORDS
     assert len(reads) > 1 and all(size <= 100 or size == 16 + len(RECORDS[3]) for _, size in reads)
     assert read_indexed(read_at, paths, indexes.__getitem__, [], []) == []
+    views = read_indexed(read_at, paths, indexes.__getitem__, files, records, views=True)
+    assert all(type(v) is memoryview for v in views) and [bytes(v) for v in views] == got
 
 
 def test_read_indexed_names_the_first_record_a_short_read_cuts_or_a_damaged_one(tmp_path):
