@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import struct
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -227,7 +228,7 @@ class ExampleParser:
         arrays = values + lengths + images
         key = tuple(map(id, arrays))
         refs = self._checked.get(key)
-        if refs is None or any(r() is not a for r, a in zip(refs, arrays)):
+        if refs is None or not all(map(operator.is_, map(operator.call, refs), arrays)):     # in C: per batch
             for name, v, n in zip(self._columns, values, lengths):
                 if name is not None:
                     self._check_out(name, v, n)
