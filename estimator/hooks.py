@@ -57,7 +57,7 @@ import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -66,13 +66,22 @@ import numpy as np
 from estimator.errors import ArgumentTypeError, InvalidArgumentError, NonFiniteError
 from estimator.inputs import fetch
 
-if TYPE_CHECKING:
-    from estimator.estimator import Estimator
-
 __all__ = ["BestExporter", "CheckpointContext", "EarlyStopping", "EndContext", "EvaluationContext", "Hook",
            "LoopContext", "StepTimeLogger", "StopOnNaN"]
 
 _log = logging.getLogger("estimator")
+
+
+class HookedEstimator(Protocol):
+    """What hooks use of the :class:`estimator.Estimator` that runs them (named here, so that this module and
+    the estimator, which runs the hooks, do not import each other)."""
+
+    config: Any
+    checkpoints: Any
+
+    def global_step(self) -> int: ...
+
+    def export(self, export_dir, serving_features: dict, *, platforms=None, saved_model: bool = False) -> str: ...
 
 
 # --- the protocol ----------------------------------------------------------------------------------
@@ -104,7 +113,7 @@ class LoopContext(_Stoppable):
     examples_per_step: the global training batch.
     """
 
-    estimator: Estimator | None
+    estimator: HookedEstimator | None
     global_step: int
     first_step: int
     outputs: dict
@@ -134,7 +143,7 @@ class LoopContext(_Stoppable):
 class CheckpointContext:
     """What ``before_checkpoint`` is told: the train state (on the devices) about to be saved as ``global_step``."""
 
-    estimator: Estimator | None
+    estimator: HookedEstimator | None
     global_step: int
     state: Any
 
@@ -144,7 +153,7 @@ class EvaluationContext(_Stoppable):
     """What ``after_evaluation`` is told: the evaluation's ``results`` (``{"loss", "global_step", metric names...}``,
     as ``Estimator.evaluate`` returns them) at ``global_step``, and the evaluation's ``name``."""
 
-    estimator: Estimator | None
+    estimator: HookedEstimator | None
     global_step: int
     results: dict
     name: str | None = None
@@ -156,7 +165,7 @@ class EndContext:
     """What ``end`` is told: the global step reached, the reason of a requested stop (else None), and the
     exception that ended the run (None when it did not fail)."""
 
-    estimator: Estimator | None
+    estimator: HookedEstimator | None
     global_step: int
     stop_reason: str | None = None
     error: BaseException | None = None
@@ -165,7 +174,7 @@ class EndContext:
 class Hook:
     """The base of every hook: each method does nothing; override those you need (see the module docstring)."""
 
-    def begin(self, estimator: Estimator) -> None:
+    def begin(self, estimator: HookedEstimator) -> None:
         """Before the first loop (once per ``train``, or per ``train_and_evaluate``)."""
 
     def after_loop(self, context: LoopContext) -> None:
@@ -203,7 +212,7 @@ class HookRunner:
     that started it calls ``end`` (``train`` given ``train_and_evaluate``'s runner leaves both to it).
     """
 
-    def __init__(self, hooks, estimator: Estimator):
+    def __init__(self, hooks, estimator: HookedEstimator):
         hooks = list({id(h): h for h in checked_hooks(hooks)}.values())          # each once, in order
         if estimator.config.stop_on_nan and not any(isinstance(h, StopOnNaN) for h in hooks):
             hooks.insert(0, StopOnNaN())
@@ -214,7 +223,7 @@ class HookRunner:
         self._first_loop = True
 
     @classmethod
-    def of(cls, hooks, estimator: Estimator) -> "HookRunner":
+    def of(cls, hooks, estimator: HookedEstimator) -> "HookRunner":
         """``hooks`` itself when it is a runner (``train_and_evaluate``'s), else a new run of them."""
         return hooks if isinstance(hooks, HookRunner) else cls(hooks, estimator)
 
@@ -441,7 +450,7 @@ class BestExporter(Hook):
         self.exports: list[dict] = []      # {"step", "value", "path"}: ours, oldest first
         self.best: float | None = None
 
-    def begin(self, estimator: Estimator) -> None:
+    def begin(self, estimator: HookedEstimator) -> None:
         self._dir = self.export_dir or os.path.join(estimator.config.model_dir, "export", "best")
         self.exports, self.best = self._read_record(), None
         for entry in self.exports:

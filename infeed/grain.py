@@ -55,7 +55,6 @@ from infeed.daemon.dataset import PADDING_KEY
 from infeed.errors import IndexFileError
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import Padded
-from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.files import expand_files
 from infeed.tfrecord.index import (INDEX_SUFFIX, MAX_JOINED_READ, RecordIndex, build_index, index_path, load_index,
                                    read_indexed, write_index)
@@ -206,14 +205,11 @@ class TFRecordSource:
 
     def __getitem__(self, index) -> bytes:
         f, k = self._where(index)
-        ix = self._index(f)
-        offset, length = ix.offsets.item(k), ix.lengths.item(k)
-        frame = self._file(f).read_at(offset, length + _FRAMING)
-        return _tfrecord.unframe(frame, self.paths[f], k, offset, length)
+        return read_indexed(self._read_at, self.paths, self._index, [f], [k])[0]
 
     def _getitems(self, indices: Sequence[int]) -> list[bytes]:
-        """The records at ``indices``, in that order: records adjacent in a file are read with one call
-        (up to :data:`MAX_JOINED_READ` bytes), each still CRC-checked alone."""
+        """The records at ``indices``, in that order: records that follow each other in a file and in
+        ``indices`` are read with one call (up to :data:`MAX_JOINED_READ` bytes), each still CRC-checked alone."""
         located = [self._where(index) for index in indices]
         return read_indexed(self._read_at, self.paths, self._index, [f for f, _ in located], [k for _, k in located],
                             MAX_JOINED_READ)

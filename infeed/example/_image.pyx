@@ -25,7 +25,7 @@ row before anything is read or written; every tap index is clamped into the
 image when the taps are computed, so the loops need no checks of their own.
 """
 
-from libc.math cimport fabs
+from libc.math cimport floor, ceil, fabs
 from libc.stdint cimport int16_t, uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport calloc, malloc, free
 from libc.string cimport memcpy
@@ -57,17 +57,6 @@ cdef struct Axis:
     float *taps            # pair_plan: per output position, its two weights times each channel's scale
 
 
-cdef inline int ifloor(double x) noexcept nogil:
-    """``floor(x)`` for ``x`` within int's range, without libm's call (no SSE4.1 in the baseline)."""
-    cdef int i = <int>x
-    return i - 1 if x < i else i
-
-
-cdef inline int iceil(double x) noexcept nogil:
-    cdef int i = <int>x
-    return i + 1 if x > i else i
-
-
 cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, bint antialias) noexcept nogil:
     """The taps of ``n_out`` output pixels resampling ``[start, start + length)`` of ``n_src`` pixels: only
     the pixels the window covers (a crop's edge pixel repeats, as when the crop is cut out first)."""
@@ -75,13 +64,13 @@ cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, 
     cdef double support = scale if antialias and scale > 1.0 else 1.0
     cdef double centre, w, total
     cdef int i, j, lo, hi, k
-    cdef int first = ifloor(start + 1e-6), last = iceil(start + length - 1e-6) - 1
+    cdef int first = <int>floor(start + 1e-6), last = <int>ceil(start + length - 1e-6) - 1
     if first < 0:
         first = 0
     if last > n_src - 1:
         last = n_src - 1
     ax.n = n_out
-    ax.max_taps = iceil(2.0 * support) + 2
+    ax.max_taps = <int>ceil(2.0 * support) + 2
     ax.first = <int *>malloc(sizeof(int) * n_out)
     ax.count = <int *>malloc(sizeof(int) * n_out)
     ax.weights = <float *>malloc(sizeof(float) * n_out * ax.max_taps)
@@ -89,8 +78,8 @@ cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, 
         return -1
     for i in range(n_out):
         centre = start + (i + 0.5) * scale               # in source coordinates, pixel j spans [j, j + 1)
-        lo = ifloor(centre - support - 0.5)
-        hi = iceil(centre + support - 0.5)
+        lo = <int>floor(centre - support - 0.5)
+        hi = <int>ceil(centre + support - 0.5)
         if lo < first:
             lo = first
         if hi > last:

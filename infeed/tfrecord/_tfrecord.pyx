@@ -239,23 +239,11 @@ cdef int _check_frame(const uint8_t *p, Py_ssize_t avail, str path, int64_t reco
     return 0
 
 
-def unframe(frame, str path, int64_t record_index, int64_t offset, int64_t length):
-    """The data of one framed record read at ``offset`` (random access through an index),
-    after checking that its header says ``length`` and that both CRCs verify."""
-    cdef const uint8_t[::1] b = frame
-    cdef Py_ssize_t n = b.shape[0]
-    if length < 0 or n != HEADER + length + FOOTER:
-        raise CorruptRecordError(path, record_index, offset, "truncated_data",
-                                 f"read {n} bytes where the index promises {length + HEADER + FOOTER}")
-    _check_frame(&b[0], n, path, record_index, offset, length)
-    return PyBytes_FromStringAndSize(<const char *>&b[0] + HEADER, <Py_ssize_t>length)
-
-
 def unframe_run(run, str path, int64_t first_index, int64_t base, const int64_t[::1] offsets,
                 const int64_t[::1] lengths, bint views=False):
     """The data of records ``first_index``, ``first_index + 1``, ... of ``path``, read in one piece from
     offset ``base`` (``run``): record ``first_index + i`` starts at ``offsets[i]`` with ``lengths[i]`` data
-    bytes (from an index). Each is checked as :func:`unframe` checks one; a read cut short is ``truncated_data``
+    bytes (from an index). Each is checked (its header against the index, both CRCs); a read cut short is ``truncated_data``
     naming the first record it cuts. ``views``: memoryviews into ``run`` rather than bytes (no copy)."""
     cdef const uint8_t[::1] b = run
     cdef Py_ssize_t n = b.shape[0], i, at, count = offsets.shape[0]
