@@ -54,7 +54,8 @@ SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i
                  ("cursor", "<i8", (2,))])
 #: A worker's entry: its pid (a hint for messages), when it registered and last beat (``time.monotonic_ns``),
 #: the last unit it took (:meth:`~infeed.ring.Ring.claim`; -1 before any, -2 once it has passed the end),
-#: what it delivered (``bytes``: of the records decoded), and its time per stage since it registered: ``read_ns`` (opening and reading files, ``inflate_ns`` within it), ``crc_ns``, ``decode_ns`` (into the
+#: what it delivered (``bytes``: of the records decoded), and its time per stage since it registered:
+#: ``read_ns`` (opening and reading files, ``inflate_ns`` within it), ``crc_ns``, ``decode_ns`` (into the
 #: slot) and ``wait_ns`` (for a free slot); ``read_bytes`` came out of its streams (inflated),
 #: ``compressed_bytes`` went into inflating. Its other time is planning and moving past others' records.
 WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("unit", "<i8"), ("batches", "<i8"),
