@@ -85,8 +85,7 @@ def _expected(workers, slots=suite.SLOT_SWEEP, layout="mnist"):
     ratios.update({f"{suite.parallel_name(w)} / {suite.PARSE}": None for w in workers if w > 1})
     ratios.update({f"{suite.indexed_name(w)} / {suite.daemon_name(w)}": None for w in workers})
     ratios.update({f"{suite.indexed_name(w)} / {suite.indexed_name(base)}": None for w in workers if w != base})
-    ratios.update({suite.scaling_name(w): (0.85 if w == 2 and layout == suite.DECODE_HEAVY else None)
-                   for w in workers if w > 1 and base == 1})
+    ratios.update({suite.scaling_name(w): None for w in workers if w > 1 and base == 1})
     return figures, timings, ratios
 
 
