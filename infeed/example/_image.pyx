@@ -57,6 +57,29 @@ cdef struct Axis:
     float *taps            # pair_plan: per output position, its two weights times each channel's scale
 
 
+cdef void bilinear_taps(Axis *ax, double start, double scale, int first, int last) noexcept nogil:
+    """``axis_taps`` where the support is one source pixel: the two pixels around each output pixel's centre,
+    weighted by distance (the same taps the general loop finds, without its search and normalisation)."""
+    cdef int i, k, lo
+    cdef double at, f
+    cdef float *w
+    for i in range(ax.n):
+        at = start + (i + 0.5) * scale - 0.5             # the centre, in the coordinates of pixel centres
+        lo = <int>floor(at)
+        f = at - lo
+        if lo < first:                                    # before the window's first pixel: that pixel alone
+            lo, f = first, 0.0
+        elif lo >= last:                                  # at or past its last: that pixel alone
+            lo, f = last, 0.0
+        w = ax.weights + i * ax.max_taps
+        for k in range(ax.max_taps):
+            w[k] = 0.0
+        w[0] = <float>(1.0 - f)
+        w[1] = <float>f
+        ax.first[i] = lo
+        ax.count[i] = 2 if f > 0.0 else 1
+
+
 cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, bint antialias) noexcept nogil:
     """The taps of ``n_out`` output pixels resampling ``[start, start + length)`` of ``n_src`` pixels: only
     the pixels the window covers (a crop's edge pixel repeats, as when the crop is cut out first)."""
@@ -76,6 +99,9 @@ cdef int axis_taps(Axis *ax, double start, double length, int n_out, int n_src, 
     ax.weights = <float *>malloc(sizeof(float) * n_out * ax.max_taps)
     if ax.first == NULL or ax.count == NULL or ax.weights == NULL:
         return -1
+    if support == 1.0:
+        bilinear_taps(ax, start, scale, first, last)
+        return 0
     for i in range(n_out):
         centre = start + (i + 0.5) * scale               # in source coordinates, pixel j spans [j, j + 1)
         lo = <int>floor(centre - support - 0.5)
@@ -448,6 +474,20 @@ def fixed_point_impl():
     return bilinear_u8_impl().decode()
 
 
+cdef object _output_kind(cnp.ndarray out):
+    """The OUT_* of ``out``'s dtype, or None (by type number for numpy's own types: ``dtype.name`` is slow)."""
+    cdef int t = cnp.PyArray_TYPE(out)
+    if t == cnp.NPY_UINT8:
+        return OUT_U8
+    if t == cnp.NPY_FLOAT32:
+        return OUT_F32
+    if t == cnp.NPY_UINT16:
+        return OUT_U16
+    if t == cnp.NPY_FLOAT16:
+        return OUT_F16
+    return OUTPUT_TYPES.get(out.dtype.name) if cnp.PyTypeNum_ISUSERDEF(t) else None
+
+
 cdef object _per_channel(value, int channels):
     """``value`` as ``channels`` contiguous float32 (as it is when it already is: the decoder's own arrays)."""
     if type(value) is np.ndarray and value.dtype == np.float32 and value.shape == (channels,) \
@@ -464,9 +504,10 @@ def resize_into(cnp.ndarray image not None, double y0, double x0, double height,
     if image.ndim != 3 or out.ndim != 3 or image.shape[2] != out.shape[2]:
         raise ValueError(f"image {(<object>image).shape} and out {(<object>out).shape} must both be [H, W, C] "
                          f"with the same C")
-    if image.dtype != np.uint8 and image.dtype != np.uint16:
+    cdef int image_type = cnp.PyArray_TYPE(image)
+    if image_type != cnp.NPY_UINT8 and image_type != cnp.NPY_UINT16:
         raise ValueError(f"image must be uint8 or uint16, got {image.dtype}")
-    kind = OUTPUT_TYPES.get(out.dtype.name)
+    kind = _output_kind(out)
     if kind is None:
         raise ValueError(f"out must be one of {sorted(OUTPUT_TYPES)}, got {out.dtype}")
     if not cnp.PyArray_IS_C_CONTIGUOUS(image) or not cnp.PyArray_IS_C_CONTIGUOUS(out) \
@@ -479,8 +520,10 @@ def resize_into(cnp.ndarray image not None, double y0, double x0, double height,
     if not (out_h > 0 and out_w > 0 and top >= 0 and left >= 0 and top + out_h <= out.shape[0]
             and left + out_w <= out.shape[1]):
         raise ValueError(f"placement ({top}, {left}, {out_h}, {out_w}) is not inside out {(<object>out).shape}")
-    cdef float[::1] s = _per_channel(1.0 if scale is None else scale, channels)
-    cdef float[::1] b = _per_channel(0.0 if bias is None else bias, channels)
+    cdef cnp.ndarray s = _per_channel(1.0 if scale is None else scale, channels)
+    cdef cnp.ndarray b = _per_channel(0.0 if bias is None else bias, channels)
+    cdef const float *scales = <const float *>cnp.PyArray_DATA(s)
+    cdef const float *biases = <const float *>cnp.PyArray_DATA(b)
     cdef Axis ys, xs
     cdef float *column = NULL
     cdef float *line = NULL
@@ -501,14 +544,14 @@ def resize_into(cnp.ndarray image not None, double y0, double x0, double height,
         line = <float *>malloc(sizeof(float) * (out_w * channels + 2))
         if column == NULL or line == NULL:
             raise MemoryError()
-        if image.dtype == np.uint8:
+        if image_type == cnp.NPY_UINT8:
             with nogil:
                 resample(<const uint8_t *>cnp.PyArray_DATA(image), <Py_ssize_t>src_w * channels, channels, &ys, &xs,
-                         column, line, dst, out_stride, out_kind, flip, &s[0], &b[0])
+                         column, line, dst, out_stride, out_kind, flip, scales, biases)
         else:
             with nogil:
                 resample(<const uint16_t *>cnp.PyArray_DATA(image), <Py_ssize_t>src_w * channels, channels, &ys,
-                         &xs, column, line, dst, out_stride, out_kind, flip, &s[0], &b[0])
+                         &xs, column, line, dst, out_stride, out_kind, flip, scales, biases)
     finally:
         free_axis(&ys)
         free_axis(&xs)
