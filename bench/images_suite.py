@@ -11,8 +11,8 @@ interleaved (A B C A B C ...), nothing pinned:
   a spec with ``infeed.Image(size=(224, 224), resize=<mode>)`` into one
   preallocated batch, in this process.
 - ``daemon W=w, <mode>``: ``infeed.Daemon`` with w workers, a consumer that
-  only takes batches; the steady state's rate as in ``bench infeed`` (once
-  every worker is at work, to the end).
+  only takes batches; the steady state's rate as in ``bench infeed`` (from
+  the arrival of batch W to the end).
 - ``tf.data <mode>, T thread(s)``: ``TFRecordDataset -> map(parse, decode,
   crop, resize, num_parallel_calls=T) -> batch`` with a private thread pool
   of T threads and no intra-op parallelism: the same thread budget as T
@@ -302,8 +302,8 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
             result.notes.append(f"data: {source}: {records} photos, {os.path.getsize(path) / 1e6:.1f} MB "
                                 f"({os.path.getsize(path) / records / 1e3:.0f} KB each), {how}: {path}")
     result.notes.append("nothing pinned; the daemon's consumer only takes batches; its rows are the steady state "
-                        "(once every worker is at work, to the end); every other row is a whole pass over the file; "
-                        "images/s is records/s; MB/s counts the file's bytes")
+                        "(once every worker is at work, to the end); every other row is a whole pass over the file; images/s "
+                        "is records/s; MB/s counts the file's bytes")
     if tf is not None:
         result.notes.append(f"tf.data: TensorFlow {tf.__version__}, INTEGER_FAST IDCT (infeed's default), bilinear "
                             "resize; a T-thread pipeline has a private pool of T threads, num_parallel_calls=T and "

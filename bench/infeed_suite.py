@@ -15,16 +15,14 @@ here, 1,024 there), it times, interleaved (A B C A B C ...):
 - ``daemon W=w``: ``infeed.Daemon(infeed.Dataset(file, spec, batch_size=B,
   num_epochs=1), num_workers=w, slots=8, lock_memory=False)`` and a consumer
   that only takes every batch (``for batch in feed: pass``). The rate is the
-  steady state, once every worker runs: the consumer takes the first batch,
-  waits until every worker has taken a batch to build (workers take batches
-  in turn, and the first may build much of the data before the last has
-  started), takes the batches built meanwhile, then times the rest.
-  ``daemon W=w incl. start-up`` times the same runs from just after
-  ``Daemon(...)`` returns (every batch), and the timing ``start-up W=w`` is
-  the time from the ``Daemon(...)`` call to the first batch (ring creation,
-  the worker's interpreter start and imports, the first batch's decode); for
-  W > 1 a second one runs to every worker at work (they start one after
-  another and share the CPUs).
+  steady state, once every worker runs: from the arrival of batch W (the
+  last worker's first; the slots the others filled meanwhile count in it) to
+  the end of the data, batches W+1..N. ``daemon W=w incl. start-up`` times
+  the same runs from just after ``Daemon(...)`` returns (every batch), and
+  the timing ``start-up W=w`` is the time from the ``Daemon(...)`` call to the
+  first batch (ring creation, the worker's interpreter start and imports, the
+  first batch's decode); for W > 1 a second one runs to batch W, one from
+  every worker (they start one after another and share the CPUs).
 - ``daemon W=w, indexed``: the same through a hard link of the file with an
   ``infeed index`` sidecar, so that each worker reads only its own batches
   (a batch's records with one ``pread``), where without one it passes the
@@ -84,7 +82,6 @@ from bench import datasets, decode
 from bench.parallel_parse import ParallelParse
 from bench.harness import (Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator,
                            stage_breakdown)
-from infeed.ring.slots import NO_UNIT
 
 __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
            "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
@@ -162,7 +159,7 @@ def startup_timing(workers: int) -> str:
 
 
 def every_worker_timing(workers: int) -> str:
-    return f"start-up W={workers}: to every worker at work"
+    return f"start-up W={workers}: to a batch from each worker"
 
 
 def cpu_timing(workers: int) -> str:
@@ -236,21 +233,18 @@ class DaemonCase:
     The harness times the whole of ``run`` (workers started and stopped
     included); the figures come from the times kept here instead:
 
-    - ``steady``: from the moment every worker is at work and the batches
-      already built are taken (with ``work``, worked on) to the end of the
-      data, scaled to batches ``lead``..N-1 (``lead`` is W, at most N-1) at
-      that rate: the workers start one after another, and the first may build
-      much of a small dataset before the last is up;
+    - ``steady``: from the arrival of the first batch of the last worker to
+      start (batch W-1; with ``work``, from the end of its work) to the end of
+      the data: batches ``lead``..N-1, where ``lead`` is W (at most N-1);
     - ``after_made``: from ``Daemon(...)`` returning to the end (every batch);
     - ``first``, ``every``: from the ``Daemon(...)`` call to the first batch, and
-      to every worker at work (registered, a batch taken); without ``work`` only;
+      to batch W-1 (a batch from every worker); without ``work`` only;
     - ``cpu``: this process's CPU seconds over the steady wall time; without ``work`` only.
     """
 
     def __init__(self, name: str, dataset: infeed.Dataset, workers: int, batches: int, work: Work | None = None,
                  slots: int = SLOTS):
         self.name, self.dataset, self.workers, self.work, self.slots = name, dataset, workers, work, slots
-        self.batches = batches
         self.lead = max(1, min(workers, batches - 1))
         self.steady: list[float] = []
         self.after_made: list[float] = []
@@ -266,17 +260,10 @@ class DaemonCase:
         with infeed.Daemon(self.dataset, num_workers=self.workers, slots=self.slots, lock_memory=False) as feed:
             made = time.perf_counter()
             self.spin = getattr(feed, "spin", None)
-            next(feed)
-            first = time.perf_counter()
-            if work is not None:
-                work()
-            # The workers start one after another, and the first may build much of a small dataset alone: the
-            # steady state begins once every one is at work and the batches built meanwhile are taken.
-            _wait_for_workers(feed, self.workers)
-            every, taken, ring = time.perf_counter(), 1, feed.ring
-            while taken < self.batches - 1 and ring.slot_state(taken % ring.slots) == ("filled", taken):
+            for k in range(self.lead):
                 next(feed)
-                taken += 1
+                if k == 0:
+                    first = time.perf_counter()
                 if work is not None:
                     work()
             before = feed.stats()
@@ -289,15 +276,14 @@ class DaemonCase:
                     work()
             end, cpu1 = time.perf_counter(), time.process_time()
             self.stages.append(feed.stats().since(before))
-            done = feed.ring.consumer_counters()["taken"]
-        # As the time batches lead..N-1 would take at the rate of this run's steady batches.
-        self.steady.append((end - start) * (self.batches - self.lead) / max(done - taken, 1))
+            taken = feed.ring.consumer_counters()["taken"]
+        self.steady.append(end - start)
         self.after_made.append(end - made)
         if work is None:
             self.first.append(first - called)
-            self.every.append(every - called)
+            self.every.append(start - called)
             self.cpu.append((cpu1 - cpu0) / (end - start))
-        return done * self.dataset.batch_size
+        return taken * self.dataset.batch_size
 
     def case(self, records: int, nbytes: int) -> Case:
         return Case(self.name, self.run, records, nbytes)
@@ -306,18 +292,6 @@ class DaemonCase:
         """The stage breakdown of the timed run whose steady state took the median time."""
         runs = sorted(zip(self.steady[WARMUP:], self.stages[WARMUP:]), key=lambda r: r[0])
         return runs[len(runs) // 2][1]
-
-
-def _wait_for_workers(feed, workers: int, seconds: float = 120.0) -> None:
-    """Waits until each of the daemon's ``workers`` has registered and taken a batch to build (or finished)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        up = feed.ring.workers()
-        if len(up) == workers and all(w["unit"] != NO_UNIT for w in up):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{len(up)} of {workers} daemon workers at work after {seconds:g} s")
-        time.sleep(0.001)
 
 
 def _cpus() -> int:
@@ -425,10 +399,10 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     pinning = ("every row unpinned (the daemon's workers need the other CPUs; the parse baseline runs unpinned "
                "too, to compare like with like); each figure is the median of the stated runs (one warm-up run "
                "first; cases interleaved; garbage collector off while timing; malloc settled first)")
-    steady = ("daemon W=w: steady state (once every worker has taken a batch to build and the batches built "
-              "before are taken, to the end of the data); 'incl. start-up': from Daemon(...) returning to the end; "
-              "start-up timings: from the Daemon(...) call to the first batch, and to every worker at work. "
-              f"Ring: {SLOTS} slots, lock_memory=False"
+    steady = ("daemon W=w: steady state, batches W+1..N (from the arrival of the last worker's first batch to the "
+              "end of the data; the slots the other workers filled meanwhile count in it); 'incl. start-up': from "
+              "Daemon(...) returning to the end; start-up timings: from the Daemon(...) call to the first batch, "
+              f"and to batch W (one from every worker). Ring: {SLOTS} slots, lock_memory=False"
               + (f"; a consumer waiting for a batch polls before it sleeps (Feed.spin): {spin}" if spin else ""))
     megabytes = ("MB/s: file bytes of the records counted (TFRecord framing included), MB = 10^6 bytes, "
                  "the file in the page cache")

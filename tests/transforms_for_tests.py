@@ -1,9 +1,6 @@
 """Transforms for tests: module-level functions the daemon's workers import by name (``tests/`` is on
 ``sys.path`` through its conftest.py, and the workers get the daemon's ``sys.path``)."""
 
-import os
-import time
-
 import numpy as np
 
 import infeed
@@ -95,28 +92,3 @@ def image_halves(example):
     """Every other pixel of the decoded image, its mean, and whether it came as a view of the decoded batch."""
     image = example["image"]
     return {"half": image[::2, ::2], "mean": image.mean(), "is_view": image.base is not None}
-
-
-#: What :func:`slow_in_one_worker` returns.
-ID_OUTPUTS = {"id": ((), "int64")}
-#: The environment variable naming the file by which one worker process becomes the slow one.
-SLOW_MARK = "INFEED_TEST_SLOW_MARK"
-_slow = None
-
-
-def slow_in_one_worker(batch):
-    """The batch's ids; in the first worker process to run it (it creates the file ``$INFEED_TEST_SLOW_MARK``
-    and writes its pid there), 50 ms later."""
-    global _slow
-    if _slow is None:
-        try:
-            fd = os.open(os.environ[SLOW_MARK], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            _slow = False
-        else:
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
-            _slow = True
-    if _slow:
-        time.sleep(0.05)
-    return {"id": batch["id"]}

@@ -51,7 +51,7 @@ def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, 
             proc = subprocess.Popen([sys.executable, "-m", "infeed.daemon.worker"], stdin=subprocess.PIPE, env=env,
                                     close_fds=True)
             procs.append(proc)
-            config = {"ring": ring.name, "worker": k, "start": list(start),
+            config = {"ring": ring.name, "worker": k, "workers": workers, "start": list(start),
                       "dataset": dataset.to_json(), "sys_path": sys.path}
             proc.stdin.write(json.dumps(config).encode())
             proc.stdin.close()
@@ -86,8 +86,8 @@ def stop_workers(ring: Ring, procs: list, grace: float = STOP_GRACE) -> None:
 class Daemon(Feed):
     """``num_workers`` processes decoding ``dataset`` into a ring of ``slots`` slots, and the feed over it.
 
-    ``slots`` is raised to ``num_workers`` if fewer (each worker builds one slot
-    at a time, and no two then wait for the same one). ``state``: from :meth:`state`, to resume at the next batch.
+    ``slots`` is rounded up to a multiple of ``num_workers`` (each slot has one
+    producer). ``state``: from :meth:`state`, to resume at the next batch.
     ``timeout``: seconds any one batch may take (None: no limit; a dead worker
     is still detected within a second). The workers, the ring and its
     segment are gone after :meth:`close` or the ``with`` block, whatever happens.
@@ -102,7 +102,7 @@ class Daemon(Feed):
         start = start_of(dataset, state)
         if dataset.shuffle == "global":
             dataset.indexes()                   # every file has a usable index, or a clear error now
-        slots = max(slots, num_workers)
+        slots = -(-slots // num_workers) * num_workers
         removed = collect_orphans()             # rings of this user's processes killed before they could
         if removed:
             _log.warning("infeed: removed %d shared-memory ring(s) left by processes that are gone (%.1f MB): %s",
@@ -124,35 +124,30 @@ class Daemon(Feed):
         """The worker processes' ids, worker 0 first."""
         return [p.pid for p in self._procs]
 
-    def _check_workers(self, seq: int) -> None:
-        """Raises when a worker died, or when batch ``seq`` can no longer come.
+    def _worker_pid(self, k: int) -> int:
+        return self._procs[k].pid
 
-        A worker killed or crashed raises :class:`~infeed.WorkerDied` (with its
-        signal or exit status) at once, whichever batch it was building: the
-        batches delivered before are good. Batch ``seq`` can no longer come when
-        the worker building it has ended, or every worker has and none built it:
-        then the error a worker recorded (its own exception, with its traceback),
-        else :class:`~infeed.InfeedError`.
+    def _check_workers(self, seq: int) -> None:
+        """Raises when the worker that owes batch ``seq`` ended without it.
+
+        So a worker's death surfaces exactly at the first batch it did not deliver,
+        whichever worker died and however (the batches it delivered before are good):
+        :class:`~infeed.WorkerDied` with the signal or exit status for a process
+        killed or crashed, the worker's own exception (with its traceback) for one
+        that failed and said why.
         """
-        ring = self.ring
-        holder, ended = ring.holder(seq), 0
-        for k, proc in enumerate(self._procs):
-            code = proc.poll()
-            if code is None:
-                continue
-            ended += 1
-            if code not in (0, REPORTED_ERROR):
-                unit = next((w["unit"] for w in ring.workers() if w["index"] == k), -1)
-                building = f", building batch {unit}" if unit >= seq else ""
-                raise WorkerDied(proc.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
-                                 detail=f"worker {k}{building}; the consumer was at batch {seq}")
-        if ring.slot_state(seq % ring.slots) == ("filled", seq):
+        k = seq % len(self._procs)
+        owner = self._procs[k]
+        code = owner.poll()
+        if code is None or self.ring.slot_state(seq % self.ring.slots) == ("filled", seq):
             return
-        if (holder is not None and self._procs[holder].poll() is not None) or ended == len(self._procs):
-            error = ring.error()
-            if error is not None:
-                error.raise_()
-            raise InfeedError(f"the workers of ring {ring.name} ended without batch {seq}")
+        if code not in (0, REPORTED_ERROR):
+            raise WorkerDied(owner.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
+                             detail=f"worker {k}, which owed batch {seq}")
+        error = self.ring.error()
+        if error is not None:
+            error.raise_()
+        raise InfeedError(f"worker {k} (pid {owner.pid}) ended without batch {seq}")
 
     def close(self) -> None:
         """Stops the workers and removes the ring (views already taken stay readable)."""

@@ -35,8 +35,6 @@ SPIN = 0.0002
 #: Seconds a consumer waits for one batch before it logs a warning naming the worker that owes
 #: it and what that process is doing, and again every as many seconds while it waits (see :class:`Feed`).
 STALL_WARNING = 60.0
-#: Seconds between two checks of the producers while batches keep coming (as often as a wait checks).
-LIVENESS_CHECK = 0.1
 #: The name of the event that ``Feed.annotate`` wraps around each wait for a filled slot.
 WAIT_EVENT = "infeed/wait_for_slot"
 
@@ -101,7 +99,6 @@ class Feed:
         #: Whether the slots are registered with CUDA as pinned memory (a CUDA GPU is present).
         self.pinned = ring.pin()
         self._check_for = check
-        self._check_due = 0.0
         self._next = self._first = ring.consumer_counters()["taken"]
         self._held: int | None = None
         self._ended = False
@@ -122,10 +119,6 @@ class Feed:
         if ring.closed:
             raise InfeedError("the feed is closed")
         slot = seq % ring.slots
-        now = time.monotonic()
-        if now >= self._check_due:          # a worker dead while the others keep up is found too
-            self._check_due = now + LIVENESS_CHECK
-            self._check_for(seq)
         began = self._wait_began = time.perf_counter_ns()
         self._warned = 0
         try:
@@ -136,8 +129,7 @@ class Feed:
             raise Timeout(self._owed(seq), self.timeout, k, pid) from None
         waited = time.perf_counter_ns() - began
         info = ring.slot_info(slot)
-        if info.seq != seq:     # a worker that died with batch seq taken let the next of its slot in
-            self._check_for(seq)
+        if info.seq != seq:
             raise InfeedError(f"ring {ring.name}: slot {slot} holds batch {info.seq} where {seq} was due")
         if info.flags & SLOT_ERROR:
             ring.release(slot)
@@ -175,23 +167,22 @@ class Feed:
                 self._warned = int(waited // every)
                 _log.warning("infeed: waited %.1f s so far for %s", waited, self._owed(seq))
 
-    def _owner(self, seq: int) -> tuple[int | None, int | None]:
-        """(index, pid) of the worker that took batch ``seq`` to build it; (None, None) while none has."""
-        k = self.ring.holder(seq)
-        if k is None:
-            return None, None
-        return k, next((w["pid"] for w in self.ring.workers() if w["index"] == k), None)
+    def _owner(self, seq: int) -> tuple[int, int | None]:
+        """(index, pid or None when not known yet) of the worker that owes batch ``seq``."""
+        k = seq % self._workers
+        return k, self._worker_pid(k)
+
+    def _worker_pid(self, k: int) -> int | None:
+        for worker in self.ring.workers():
+            if worker["index"] == k:
+                return worker["pid"]
+        return None
 
     def _owed(self, seq: int) -> str:
-        """Batch ``seq``, where it goes, and the worker building it, with what that process is doing."""
+        """Batch ``seq``, where it goes, and the worker that owes it, with what that process is doing."""
         ring = self.ring
         k, pid = self._owner(seq)
-        if k is None:
-            states = ", ".join(f"worker {w['index']} (pid {w['pid']}, {process_state(w['pid'])})"
-                               for w in ring.workers())
-            who = f"no worker yet: {states or f'none of the {self._workers} has started'}"
-        else:
-            who = f"worker {k} (pid {pid}, {process_state(pid)})"
+        who = f"worker {k} (not started yet)" if pid is None else f"worker {k} (pid {pid}, {process_state(pid)})"
         return f"batch {seq} (slot {seq % ring.slots} of ring {ring.name}) from {who}"
 
     def _release(self, seq: int) -> None:

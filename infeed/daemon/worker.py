@@ -2,21 +2,18 @@
 
 Started by the daemon as ``python -m infeed.daemon.worker`` with a JSON config on its
 standard input (never a pickle): the ring's name, the worker's number ``k``
-of ``W``, the dataset and where to start. Every worker walks the same sequence
-of units (``steps_per_slot`` consecutive batches) and takes each unit no other
-worker has taken yet (:meth:`~infeed.ring.Ring.claim`), then builds it into slot
-``u mod S``, where the consumer looks for it; the others pass it over. So a
-worker that is slowed (by a neighbour on its core, by larger records) builds
-fewer units instead of holding the others back, and the sequence is the same
-whoever builds each unit.
+of ``W``, the dataset and where to start. Unit ``u`` (``steps_per_slot``
+consecutive batches) is built by worker ``u mod W`` into slot ``u mod S``;
+the slot count is a multiple of ``W``, so each slot has one producer and the
+consumer finds unit ``u`` exactly where it looks for it.
 
 With transforms, a batch is decoded into the worker's own arrays and the user's
 functions write the slot (:mod:`infeed.daemon.transforms`); they are imported by
 name, with the daemon's ``sys.path`` after the worker's own.
 
 A failure (a corrupt record, a record that does not meet the spec) is written
-to the ring's error record and, by the worker that took the unit where it
-happened, published in that unit's slot, so the consumer raises it right
+to the ring's error record and, by the worker that owns the batch where it
+happened, published in that batch's slot, so the consumer raises it right
 there. The worker stops when the consumer asks, and when the ring's creator is
 gone, in which case it also removes the segment.
 """
@@ -53,25 +50,11 @@ class Stopped(Exception):
     """The consumer asked the producers to stop."""
 
 
-class _Units:
-    """The units worker ``worker`` takes, asked for in the sequence's order (each asked once)."""
-
-    def __init__(self, ring: Ring, worker: int):
-        self.ring, self.worker = ring, worker
-        self._asked, self._taken = -1, False
-
-    def mine(self, unit: int) -> bool:
-        if unit != self._asked:
-            self._taken = self.ring.claim(unit, self.worker)
-            self._asked = unit
-        return self._taken
-
-
 class Producer:
-    """Worker ``index`` filling ``ring`` with the units of ``dataset``'s batches from ``start`` that it takes."""
+    """Worker ``index`` of ``workers`` filling ``ring`` with ``dataset``'s batches from ``start``."""
 
-    def __init__(self, dataset: Dataset, ring: Ring, index: int, start: tuple[int, int]):
-        self.ds, self.ring, self.index = dataset, ring, index
+    def __init__(self, dataset: Dataset, ring: Ring, index: int, workers: int, start: tuple[int, int]):
+        self.ds, self.ring, self.index, self.workers = dataset, ring, index, workers
         self.start = start
         self.parser = dataset.parser
         self._transforms = TransformStage(dataset) if dataset.outputs is not None else None
@@ -79,7 +62,6 @@ class Producer:
         self._last_check = 0.0
         self._waiting_since: int | None = None    # monotonic_ns when the wait for a free slot began, while it lasts
         self._wait_ns = 0                         # waited for a free slot, not counted yet
-        self._units = _Units(ring, index)
 
     # --- the ring ---------------------------------------------------------------------------
     def _check(self) -> None:
@@ -102,7 +84,7 @@ class Producer:
         slot = unit % self.ring.slots
         self._waiting_since = time.monotonic_ns()
         try:
-            self.ring.acquire_free(slot, check=self._check, seq=unit)
+            self.ring.acquire_free(slot, check=self._check)
         finally:
             self._wait_ns += time.monotonic_ns() - self._waiting_since
             self._waiting_since = None
@@ -147,7 +129,7 @@ class Producer:
 
     # --- the sequence -----------------------------------------------------------------------
     def run(self) -> None:
-        ds, ring, k, mine = self.ds, self.ring, self.index, self._units.mine
+        ds, ring, k, w = self.ds, self.ring, self.index, self.workers
         per_slot = ds.steps_per_slot
         epoch, first = self.start
         done = 0                  # batches of the sequence passed so far (mine or not)
@@ -158,12 +140,12 @@ class Producer:
                 base = done - first
 
                 def owned(index, base=base):
-                    return mine((base + index) // per_slot)
+                    return ((base + index) // per_slot) % w == k
 
                 sizes: list = []
                 for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes):
                     unit, step = divmod(done, per_slot)
-                    if mine(unit):
+                    if unit % w == k:
                         if slot is None:             # else still held for this unit (see below)
                             slot = self._acquire(unit)
                         before = stage_totals()
@@ -197,18 +179,15 @@ class Producer:
                 epoch, first = epoch + 1, max(first - sizes[0], 0)
             unit, step = divmod(done, per_slot)
             if step:
-                if mine(unit):
+                if unit % w == k:
                     ring.count_work(k, batches=1, wait_ns=self._wait_ns)
                     self._wait_ns = 0
                     ring.publish(slot, unit, steps=step, cursor=(epoch, 0))
                     slot = None
                 unit += 1
-            if mine(unit):
+            if unit % w == k:
                 ring.publish(self._acquire(unit) if slot is None else slot, unit, flags=SLOT_END, steps=0,
                              cursor=(epoch, 0))
-            ring.count_work(k, wait_ns=self._wait_ns, readers=stage_totals())   # the reads of others' last units
-            self._wait_ns = 0
-            ring.finish_worker(k)
         except (Stopped, KeyboardInterrupt):
             raise
         except Exception as error:
@@ -216,13 +195,9 @@ class Producer:
             raise
 
     def _report(self, error: Exception, unit: int, slot: int | None) -> None:
-        """Records ``error``; the worker that took ``unit`` (this one, if none has) also publishes it in that
-        unit's slot."""
+        """Records ``error``; the owner of ``unit`` also publishes it in that unit's slot."""
         self.ring.set_error(error)
-        try:
-            if not self._units.mine(unit):
-                return
-        except InfeedError:         # the ring is inconsistent: the consumer finds the error record
+        if unit % self.workers != self.index:
             return
         try:
             if slot is None:
@@ -258,7 +233,7 @@ def main() -> int:
     index = int(config["worker"])
     ring.register_worker(index)
     try:
-        Producer(ds, ring, index, tuple(config["start"])).run()
+        Producer(ds, ring, index, int(config["workers"]), tuple(config["start"])).run()
         return 0
     except Stopped:
         return 0

@@ -10,8 +10,7 @@ a view never dangles.
 Semaphores are POSIX unnamed semaphores (``sem_init`` with ``pshared=1``)
 placed at offsets inside the mapping; waits release the GIL and use
 ``sem_clockwait`` on ``CLOCK_MONOTONIC``, so a change of wall-clock time does not
-shorten or stretch them. ``compare_exchange_i64`` and ``load_i64`` are the atomic
-operations of an int64 in the mapping, by which producers share out work.
+shorten or stretch them.
 """
 
 from cpython.buffer cimport PyBuffer_FillInfo
@@ -35,18 +34,6 @@ cdef extern from "<semaphore.h>" nogil:
     int sem_trywait(sem_t *sem)
     int sem_clockwait(sem_t *sem, clockid_t clk, const timespec *abstime)
     int sem_getvalue(sem_t *sem, int *sval)
-
-cdef extern from *:
-    """
-    static int infeed_cas_i64(long long *word, long long expected, long long desired) {
-        return __atomic_compare_exchange_n(word, &expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    }
-    static long long infeed_load_i64(long long *word) {
-        return __atomic_load_n(word, __ATOMIC_SEQ_CST);
-    }
-    """
-    bint infeed_cas_i64(long long *word, long long expected, long long desired) nogil
-    long long infeed_load_i64(long long *word) nogil
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
@@ -112,20 +99,6 @@ cdef class Mapping:
         if offset % 16 != 0 or offset + sizeof(sem_t) > self.size:
             raise ValueError(f"no semaphore fits at offset {offset} of a {self.size}-byte mapping")
         return <sem_t *>(self.addr + offset)
-
-    cdef long long *_word(self, size_t offset) except NULL:
-        if offset % 8 != 0 or offset + 8 > self.size:
-            raise ValueError(f"no aligned int64 fits at offset {offset} of a {self.size}-byte mapping")
-        return <long long *>(self.addr + offset)
-
-    def load_i64(self, size_t offset):
-        """The int64 at ``offset``, read atomically (sequentially consistent)."""
-        return infeed_load_i64(self._word(offset))
-
-    def compare_exchange_i64(self, size_t offset, long long expected, long long desired):
-        """Sets the int64 at ``offset`` to ``desired`` if it holds ``expected``, atomically across processes;
-        True when it did."""
-        return infeed_cas_i64(self._word(offset), expected, desired)
 
     def sem_init(self, size_t offset, unsigned int value):
         """Initialises a process-shared semaphore at ``offset`` (only the creator, only once)."""

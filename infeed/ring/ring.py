@@ -67,19 +67,15 @@ from infeed.ring.layout import (ERROR, ERROR_PAYLOAD, HEADER, HEADER_SIZE, HEADE
                                 WORKER_WORDS, header_problem, layout_from_json, layout_json, layout_of, segment_plan,
                                 slot_plan)
 from infeed.ring.segments import SHM_DIR, create_private, free_bytes, install_sigterm_cleanup, unlink_owned
-from infeed.ring.slots import FILLED, FINISHED, FREE, NO_UNIT, READING, STATE_NAMES, WRITING, SlotInfo
+from infeed.ring.slots import FILLED, FREE, READING, STATE_NAMES, WRITING, SlotInfo
 
 __all__ = ["Ring"]
 
-_BEAT, _UNIT, _BATCHES, _RECORDS, _BYTES, _DECODE, _WAIT, _READERS = (
-    WORKER_FIELDS[f] for f in ("beat_ns", "unit", "batches", "records", "bytes", "decode_ns", "wait_ns",
-                               READER_FIELDS[0]))
+_BEAT, _BATCHES, _RECORDS, _BYTES, _DECODE, _WAIT, _READERS = (
+    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "decode_ns", "wait_ns", READER_FIELDS[0]))
 
 #: How often a waiter wakes to check its peer is alive (it wakes at once on a post).
 CHECK_INTERVAL = 0.1
-#: Seconds a producer pauses after handing a slot back to a slower one (doubling up to the second) before it asks
-#: again (:meth:`Ring.acquire_free`).
-HAND_BACK_PAUSE, HAND_BACK_PAUSE_MAX = 0.0002, 0.002
 
 
 def _mlock(mapping) -> int:
@@ -186,7 +182,6 @@ class Ring:
                 mapping.sem_init(plan.semaphores + (2 * i) * SEM_STRIDE, 1)      # free
                 mapping.sem_init(plan.semaphores + (2 * i + 1) * SEM_STRIDE, 0)  # filled
             mapping.sem_init(plan.semaphores + 2 * slots * SEM_STRIDE, 1)        # error-record claim
-            np.frombuffer(mapping, SLOT, slots, plan.table)["seq"] = -1             # no batch yet
             del buf, h
             ring = cls._new(name, path, mapping, fd, owner=True)
             ring._header["state"] = READY  # last: attachers refuse a half-written header
@@ -345,38 +340,17 @@ class Ring:
             if deadline is not None and time.monotonic() >= deadline:
                 raise Timeout(f"{what} of ring {self.name}", timeout)
 
-    def acquire_free(self, i: int, timeout: float | None = None, check: Callable[[], None] | None = None,
-                     seq: int | None = None) -> None:
+    def acquire_free(self, i: int, timeout: float | None = None, check: Callable[[], None] | None = None) -> None:
         """Producer: waits until slot ``i`` is free, then owns it for writing.
 
         ``check`` runs every 0.1 s while waiting and raises to abort (by default,
         it checks that the ring's creator is alive); ``timeout`` raises
-        :class:`~infeed.Timeout`. ``seq``: the batch number to be written, where
-        producers share slots: the slot is taken only once it has held batch
-        ``seq - slots`` (for ``seq >= slots``); while that batch's producer is
-        slower than this one (or dead, which the consumer reports), the slot
-        is handed back to it and asked for again after a pause of up to 2 ms.
+        :class:`~infeed.Timeout`.
         """
         i = self._check_slot(i)
-        what = f"slot {i} to be free" if seq is None or seq < self.slots else \
-            f"slot {i} to be free after batch {seq - self.slots}"
-        check = self.check_owner if check is None else check
-        sem, w = self._sems + 2 * i * SEM_STRIDE, self._slot0 + SLOT_WORDS * i
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause, checked = HAND_BACK_PAUSE, time.monotonic()
-        while True:
-            self._wait(sem, what, None if deadline is None else max(deadline - time.monotonic(), 0.0), check)
-            if seq is None or seq < self.slots or self._q[w + 1] == seq - self.slots:
-                break
-            self._map.sem_post(sem)
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                raise Timeout(what, timeout)
-            if now - checked >= CHECK_INTERVAL:
-                check()
-                checked = now
-            time.sleep(pause)
-            pause = min(2 * pause, HAND_BACK_PAUSE_MAX)
+        self._wait(self._sems + 2 * i * SEM_STRIDE, f"slot {i} to be free", timeout,
+                   self.check_owner if check is None else check)
+        w = self._slot0 + SLOT_WORDS * i
         self._u32[2 * w] = WRITING
         self._q[w + 2] = os.getpid()
 
@@ -420,34 +394,6 @@ class Ring:
         self._u32[2 * (self._slot0 + SLOT_WORDS * i)] = FREE
         self._map.sem_post(self._sems + 2 * i * SEM_STRIDE)
 
-    def claim(self, unit: int, worker: int) -> bool:
-        """Producer ``worker`` takes unit ``unit`` unless another producer has: True when it is now its own.
-
-        Units are numbers in a sequence every producer walks in the same order,
-        asking for each; the first to ask gets it, so a faster producer builds
-        more of them. One taken, a producer builds it into slot ``unit mod slots``
-        before it asks for another: with at least as many slots as producers, no
-        two producers then wait for the same slot.
-        """
-        offset = 8 * HEADER_WORDS["claimed"]
-        mapping = self._map
-        while True:
-            taken = mapping.load_i64(offset)       # the number of units taken so far
-            if taken > unit:
-                return False
-            if taken < unit:
-                raise InfeedError(f"ring {self.name}: unit {unit} asked for before unit {taken} was taken")
-            if mapping.compare_exchange_i64(offset, unit, unit + 1):
-                self._q[self._worker0 + WORKER_WORDS * worker + _UNIT] = unit
-                return True
-
-    def holder(self, unit: int) -> int | None:
-        """The index of the producer that took ``unit`` and has not taken another since, or None."""
-        for k, w in enumerate(self._workers):
-            if w["pid"] > 0 and w["unit"] == unit:
-                return k
-        return None
-
     def slot_info(self, i: int) -> SlotInfo:
         """What the producer published with slot ``i``: seq, flags, steps and cursor."""
         w, q = self._slot0 + SLOT_WORDS * self._check_slot(i), self._q
@@ -476,7 +422,6 @@ class Ring:
         for name in WORKER.names:
             w[name] = 0
         w["started_ns"] = w["beat_ns"] = time.monotonic_ns()
-        w["unit"] = NO_UNIT
         w["pid"] = pid
 
     def workers(self) -> list[dict]:
@@ -496,20 +441,13 @@ class Ring:
             out.append(entry)
         return out
 
-    def finish_worker(self, index: int) -> None:
-        """Producer ``index`` has passed the end of the data: it may end without :meth:`check_workers`
-        counting it as died."""
-        self._q[self._worker0 + WORKER_WORDS * index + _UNIT] = FINISHED
-
     def check_workers(self) -> None:
-        """Raises :class:`~infeed.WorkerDied` when a registered worker no longer holds its lock, having not
-        finished (:meth:`finish_worker`): it has ended, however (judged by the kernel's locks, so across PID
-        namespaces too)."""
+        """Raises :class:`~infeed.WorkerDied` when a registered worker no longer holds its lock: it has
+        ended, however (judged by the kernel's locks, so across PID namespaces too)."""
         self._check_open()
         for k, w in enumerate(self._workers):
             pid = int(w["pid"])
-            if pid > 0 and w["unit"] != FINISHED and k not in self._locked_workers \
-                    and not locks.is_held(self._fd, locks.worker_byte(k)):
+            if pid > 0 and k not in self._locked_workers and not locks.is_held(self._fd, locks.worker_byte(k)):
                 raise WorkerDied(pid, detail=f"worker {k} registered with ring {self.name}, no longer running")
 
     def count_work(self, index: int, batches: int = 0, records: int = 0, nbytes: int = 0,

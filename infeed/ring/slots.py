@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = ["FREE", "WRITING", "FILLED", "READING", "STATE_NAMES", "SLOT_ERROR", "SLOT_END", "REPORTED_ERROR",
-           "NO_UNIT", "FINISHED", "SlotInfo"]
+           "SlotInfo"]
 
 #: Slot states, as the slot table records them (for stats and debugging).
 FREE, WRITING, FILLED, READING = 0, 1, 2, 3
@@ -17,10 +17,6 @@ SLOT_ERROR, SLOT_END = 1, 2
 
 #: Exit status of a producer process that stopped after writing its failure into the ring.
 REPORTED_ERROR = 3
-
-#: A registered producer's ``unit`` before it takes one, and once it has passed the end of the data (it may
-#: then exit without being counted as died).
-NO_UNIT, FINISHED = -1, -2
 
 
 class SlotInfo(NamedTuple):

@@ -63,38 +63,23 @@ def take_until_error(feed, error, limit: int = 500) -> tuple[list, pytest.Except
 # --- a worker killed, crashed or failing ---------------------------------------------------------
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS], ids=lambda s: s.name)
-def test_a_killed_or_crashed_worker_raises_worker_died_even_while_the_other_keeps_up(files, sig, no_core_files):
+def test_a_killed_or_crashed_worker_raises_worker_died_at_the_first_batch_it_owed(files, sig, no_core_files):
     ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
     with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=60) as feed:
         first = next(feed)["id"].tolist()
         victim = feed.worker_pids[1]
         os.kill(victim, sig)
         began = time.monotonic()
-        seen, info = take_until_error(feed, infeed.WorkerDied, limit=100_000)   # the other worker may keep up
+        seen, info = take_until_error(feed, infeed.WorkerDied)
         assert time.monotonic() - began < REPORT_WITHIN
         workers = feed.worker_pids
     seen = [first] + seen
-    # Every batch before the failure is there and right; the error comes within a second, whether the other
-    # worker keeps up or not, naming the batch the consumer was at.
+    # Every batch before the failure is there and right; the error comes at the dead worker's first missing one.
     assert seen == [expected_ids(b) for b in range(len(seen))]
+    assert len(seen) % 2 == 1
     e = info.value
     assert (e.pid, e.signal, e.exitcode) == (victim, sig, None)
-    assert f"the consumer was at batch {len(seen)})" in str(e) and signal.Signals(sig).name in str(e)
-    assert "worker 1" in str(e)
-    assert not any(alive(p) for p in workers)
-
-
-def test_a_worker_killed_while_building_a_batch_is_named_at_that_batch(files, no_core_files):
-    ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
-    with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=60) as feed:
-        next(feed)
-        unit = took_a_unit_and_waits(feed, 1)
-        victim = feed.worker_pids[1]
-        os.kill(victim, signal.SIGKILL)
-        seen, info = take_until_error(feed, infeed.WorkerDied)
-        workers = feed.worker_pids
-    assert seen == [expected_ids(b) for b in range(1, len(seen) + 1)] and len(seen) < unit
-    assert f"worker 1, building batch {unit}; the consumer was at batch {len(seen) + 1})" in str(info.value)
+    assert f"batch {len(seen)}" in str(e) and signal.Signals(sig).name in str(e)
     assert not any(alive(p) for p in workers)
 
 
@@ -139,20 +124,10 @@ def test_a_file_gone_before_its_turn_raises_oserror_with_the_path_at_its_batch(f
 
 # --- a stalled worker ----------------------------------------------------------------------------
 
-def took_a_unit_and_waits(feed, k: int) -> int:
-    """Waits until worker ``k`` has taken a batch it must wait for a slot to build (the slots are full, one
-    held by the consumer); returns that batch's number."""
-    def unit():
-        return next((w["unit"] for w in feed.ring.workers() if w["index"] == k), -1)
-    assert wait_until(lambda: unit() >= feed.ring.slots, 30)
-    return unit()
-
-
 def test_a_stopped_worker_gives_a_timeout_naming_it(files, reaper):
     ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
     with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=3) as feed:
         next(feed)
-        unit = took_a_unit_and_waits(feed, 1)
         victim = feed.worker_pids[1]
         reaper.pids.append(victim)
         os.kill(victim, signal.SIGSTOP)
@@ -161,8 +136,8 @@ def test_a_stopped_worker_gives_a_timeout_naming_it(files, reaper):
         assert time.monotonic() - began < REPORT_WITHIN
         os.kill(victim, signal.SIGCONT)
     e = info.value
-    assert (e.worker, e.pid, e.seconds) == (1, victim, 3) and len(seen) + 1 == unit
-    assert f"worker 1 (pid {victim}, stopped by a signal" in str(e) and f"batch {unit} " in str(e)
+    assert (e.worker, e.pid, e.seconds) == (1, victim, 3) and len(seen) % 2 == 0
+    assert f"worker 1 (pid {victim}, stopped by a signal" in str(e) and f"batch {len(seen) + 1}" in str(e)
 
 
 def test_a_stopped_worker_without_a_timeout_gives_periodic_warnings_naming_it(files, reaper, caplog):
@@ -171,7 +146,6 @@ def test_a_stopped_worker_without_a_timeout_gives_periodic_warnings_naming_it(fi
     with Daemon(ds, num_workers=2, slots=4, lock_memory=False) as feed:
         next(feed)
         feed.stall_warning = 0.5            # after the first batch, which a busy machine may take longer for
-        took_a_unit_and_waits(feed, 1)
         victim = feed.worker_pids[1]
         reaper.pids.append(victim)
         os.kill(victim, signal.SIGSTOP)

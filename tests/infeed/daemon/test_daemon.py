@@ -106,23 +106,6 @@ def shuffled_reference(ds, epoch):
     return out + buffer.drain()
 
 
-def test_a_slowed_worker_builds_fewer_batches_and_the_sequence_stays_the_same(files, tmp_path, monkeypatch):
-    import transforms_for_tests as tx
-
-    mark = tmp_path / "slow.pid"
-    monkeypatch.setenv(tx.SLOW_MARK, str(mark))
-    ds = Dataset(files, SPEC, batch_size=2, num_epochs=1, batch_transform=tx.slow_in_one_worker,
-                 outputs=tx.ID_OUTPUTS)
-    with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=60) as feed:
-        ids = [b["id"].tolist() for b in feed]
-        built = {w["pid"]: w["batches"] for w in feed.ring.workers()}
-    assert ids == [[2 * b, 2 * b + 1] for b in range(50)]
-    slow = int(mark.read_text())
-    # Taking batches in turn, the other worker builds the most; by number (batch k to worker k mod 2) each would
-    # build 25 and the slow one would set the pace.
-    assert built[slow] < 20 and sum(built.values()) == 50
-
-
 def test_shuffled_sequence_depends_on_seed_not_on_workers(files):
     ds = Dataset(files, SPEC, batch_size=10, shuffle_files=True, shuffle_buffer=30, seed=7, num_epochs=2)
     one, three = collect(ds, num_workers=1), collect(ds, num_workers=3, slots=3)

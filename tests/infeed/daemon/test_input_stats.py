@@ -9,7 +9,6 @@ import pytest
 import infeed
 from infeed import Daemon, Dataset, FixedLen
 from infeed.daemon.input_stats import WORKER_STAGES, InputStats, WorkerStats
-from tests.reliability.processes import wait_until
 
 
 def worker(index=0, elapsed=10.0, read=0.0, inflate=0.0, crc=0.0, decode=0.0, wait=0.0, read_bytes=0, pid=100):
@@ -107,15 +106,13 @@ def data(tmp_path_factory):
 def test_a_daemon_reports_every_stage(data, compression):
     ds = Dataset(data[compression], SPEC, batch_size=50, num_epochs=1)
     with Daemon(ds, num_workers=2, slots=4, lock_memory=False) as feed:
-        assert wait_until(lambda: len(feed.ring.workers()) == 2, 30)     # else the first one may take them all
         taken = sum(1 for _ in feed)
-        wait_until(lambda: all(p.poll() is not None for p in feed._procs), 10)     # both counted to the end
         s = feed.stats()
     assert taken == 40 and s.taken == 40 and len(s.workers) == 2
     assert sum(w.records for w in s.workers) == 2000 and sum(w.batches for w in s.workers) == 40
     size = os.path.getsize(data[compression])
     for w in s.workers:
-        assert (w.stages["decode"] > 0) == (w.batches > 0) and w.stages["read"] > 0 and w.stages["crc"] > 0
+        assert w.stages["decode"] > 0 and w.stages["read"] > 0 and w.stages["crc"] > 0
         assert sum(w.stages.values()) == pytest.approx(w.elapsed_s, rel=0.05)
         # Each worker reads the whole file (the framing of the other's batches too) and checks its own records.
         if compression:

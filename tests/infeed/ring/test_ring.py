@@ -89,20 +89,6 @@ def _fill_narrow(name):
         r.publish(0, seq=1)
 
 
-def _claim_all(name, worker, units, out):
-    """Registers as ``worker`` and asks for every unit in turn; puts the ones it took on ``out``."""
-    with Ring.attach(name) as r:
-        r.register_worker(worker)
-        out.put((worker, [u for u in range(units) if r.claim(u, worker)]))
-
-
-def _finish_and_exit(name, finish):
-    with Ring.attach(name) as r:
-        r.register_worker(0)
-        if finish:
-            r.finish_worker(0)
-
-
 def _hang(name, register):
     r = Ring.attach(name)
     if register:
@@ -290,58 +276,6 @@ def test_default_check_finds_a_dead_registered_worker(ring):
         ring.acquire_filled(1, timeout=30)  # p is a zombie until joined: still counted as dead
     assert info.value.pid == p.pid
     p.join()
-
-
-def test_each_unit_is_taken_by_the_first_producer_to_ask_and_by_no_other(ring):
-    assert ring.holder(0) is None
-    ring.register_worker(0)
-    ring.register_worker(1)
-    assert ring.claim(0, 1) and not ring.claim(0, 0) and ring.holder(0) == 1
-    assert ring.claim(1, 0) and ring.holder(1) == 0 and ring.holder(0) == 1
-    assert ring.claim(2, 0) and ring.holder(1) is None          # worker 0 has moved on
-    with pytest.raises(infeed.InfeedError, match="unit 5 asked for before unit 3 was taken"):
-        ring.claim(5, 1)
-    assert [w["unit"] for w in ring.workers()] == [2, 0]
-
-
-def test_producers_racing_in_processes_take_every_unit_exactly_once():
-    units = 20000
-    with Ring.create(_template(), slots=2, max_workers=3, lock_memory=False) as ring:
-        out = CTX.Queue()
-        procs = [CTX.Process(target=_claim_all, args=(ring.name, k, units, out)) for k in range(3)]
-        for p in procs:
-            p.start()
-        taken = dict(out.get(timeout=60) for _ in procs)
-        for p in procs:
-            p.join(10)
-    everything = sorted(u for mine in taken.values() for u in mine)
-    assert everything == list(range(units))
-
-
-def test_a_slot_whose_last_batch_never_came_is_not_taken_for_the_next(ring):
-    ring.acquire_free(0, timeout=1)
-    ring.publish(0, seq=0)
-    assert ring.acquire_filled(0, timeout=1) == 0
-    ring.release(0)
-    # Batch 3 (slot 0 of 3) never came, its producer gone: batch 6 must not take the slot in its place.
-    with pytest.raises(infeed.Timeout, match="slot 0 to be free after batch 3"):
-        ring.acquire_free(0, timeout=0.3, seq=6)
-    ring.acquire_free(0, timeout=1, seq=3)
-    ring.publish(0, seq=3)
-
-
-@pytest.mark.parametrize("finished", [True, False])
-def test_a_worker_that_ended_is_died_unless_it_finished_the_data(ring, finished):
-    p = CTX.Process(target=_finish_and_exit, args=(ring.name, finished))
-    p.start()
-    p.join(30)
-    assert p.exitcode == 0 and ring.workers()[0]["pid"] == p.pid
-    if finished:
-        ring.check_workers()
-        assert ring.workers()[0]["unit"] == -2
-    else:
-        with pytest.raises(infeed.WorkerDied):
-            ring.check_workers()
 
 
 def test_error_record_keeps_the_first_failure(ring):
