@@ -303,6 +303,10 @@ def test_the_kernel_refuses_windows_and_placements_outside_its_arrays():
         resize_into(image, 0, 0, 10, 10, np.zeros((4, 4, 1), np.uint8), 0, 0, 4, 4)
     with pytest.raises(ValueError, match="out must be one of"):
         resize_into(image, 0, 0, 10, 10, np.zeros((4, 4, 3), np.int32), 0, 0, 4, 4)
+    with pytest.raises(ValueError, match="out must be one of .* got float8_e4m3fn"):   # a dtype numpy does not own
+        resize_into(image, 0, 0, 10, 10, np.zeros((4, 4, 3), ml_dtypes.float8_e4m3fn), 0, 0, 4, 4)
+    with pytest.raises(ValueError, match="image must be uint8 or uint16, got int16"):
+        resize_into(image.astype(np.int16), 0, 0, 10, 10, out, 0, 0, 4, 4)
 
 
 # ---------------------------------------------------------------------------
