@@ -302,7 +302,7 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
             result.notes.append(f"data: {source}: {records} photos, {os.path.getsize(path) / 1e6:.1f} MB "
                                 f"({os.path.getsize(path) / records / 1e3:.0f} KB each), {how}: {path}")
     result.notes.append("nothing pinned; the daemon's consumer only takes batches; its rows are the steady state "
-                        "(once every worker is at work, to the end); every other row is a whole pass over the file; images/s "
+                        "(from batch W to the end); every other row is a whole pass over the file; images/s "
                         "is records/s; MB/s counts the file's bytes")
     if tf is not None:
         result.notes.append(f"tf.data: TensorFlow {tf.__version__}, INTEGER_FAST IDCT (infeed's default), bilinear "

@@ -243,8 +243,8 @@ def unframe_run(run, str path, int64_t first_index, int64_t base, const int64_t[
                 const int64_t[::1] lengths, bint views=False):
     """The data of records ``first_index``, ``first_index + 1``, ... of ``path``, read in one piece from
     offset ``base`` (``run``): record ``first_index + i`` starts at ``offsets[i]`` with ``lengths[i]`` data
-    bytes (from an index). Each is checked (its header against the index, both CRCs); a read cut short is ``truncated_data``
-    naming the first record it cuts. ``views``: memoryviews into ``run`` rather than bytes (no copy)."""
+    bytes (from an index). Each is checked (its header against the index, both CRCs); a read cut short is
+    ``truncated_data`` naming the first record it cuts. ``views``: memoryviews into ``run`` rather than bytes (no copy)."""
     cdef const uint8_t[::1] b = run
     cdef Py_ssize_t n = b.shape[0], i, at, count = offsets.shape[0]
     if lengths.shape[0] != count:
