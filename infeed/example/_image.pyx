@@ -6,7 +6,7 @@ decoded image (fractional bounds: the window of a crop after the decoder's DCT
 scaling), resamples it to ``out_h x out_w`` pixels placed at ``(top, left)`` of
 the output row, mirrored left to right when asked, and writes
 ``value * scale[c] + bias[c]`` cast to the row's dtype (integers rounded to
-nearest and clamped; float16 and bfloat16 rounded to nearest even).
+nearest, halves up, and clamped; float16 and bfloat16 rounded to nearest even).
 
 Resampling is separable with half-pixel centres, as ``tf.image.resize``: a
 triangle filter of radius one source pixel (bilinear, 2 taps per axis), or with
@@ -26,7 +26,7 @@ image when the taps are computed, so the loops need no checks of their own.
 """
 
 from libc.math cimport floor, ceil, fabs
-from libc.stdint cimport int16_t, uint8_t, uint16_t, uint32_t
+from libc.stdint cimport int8_t, int16_t, uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport calloc, malloc, free
 from libc.string cimport memcpy
 
@@ -43,8 +43,11 @@ DEF OUT_U16 = 1
 DEF OUT_F32 = 2
 DEF OUT_F16 = 3
 DEF OUT_BF16 = 4
+DEF OUT_I8 = 5
+DEF OUT_I16 = 6
 
-OUTPUT_TYPES = {"uint8": OUT_U8, "uint16": OUT_U16, "float32": OUT_F32, "float16": OUT_F16, "bfloat16": OUT_BF16}
+OUTPUT_TYPES = {"uint8": OUT_U8, "uint16": OUT_U16, "float32": OUT_F32, "float16": OUT_F16, "bfloat16": OUT_BF16,
+                "int8": OUT_I8, "int16": OUT_I16}
 
 
 cdef struct Axis:
@@ -186,6 +189,7 @@ cdef extern from "_bilinear_u8.h":
 
 cdef extern from *:
     """
+    #include <math.h>
     /* The vertical taps of one output row: column[i] = sum_k w[k] * src[k * stride + i]. Compiled for AVX2 too
        where the compiler can (picked at run time), as the loops over a row are where the time goes. */
     #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
@@ -223,6 +227,18 @@ cdef extern from *:
     }
     INFEED_STORE(infeed_store_u8, uint8_t, 255)
     INFEED_STORE(infeed_store_u16, uint16_t, 65535)
+    /* The same into signed integers, whose values (normalised: mean and std) may lie anywhere: clamped as floats
+       first (a NaN to the lowest), then rounded half up. */
+    #define INFEED_STORE_SIGNED(NAME, T, MIN, MAX) \
+    INFEED_CLONES static void NAME(const float *restrict line, Py_ssize_t n, T *restrict dst) { \
+        for (Py_ssize_t i = 0; i < n; i++) { \
+            float v = line[i] > (float)(MIN) ? line[i] : (float)(MIN); \
+            v = v < (float)(MAX) ? v : (float)(MAX); \
+            dst[i] = (T)(int)floorf(v + 0.5f); \
+        } \
+    }
+    INFEED_STORE_SIGNED(infeed_store_i8, int8_t, -128, 127)
+    INFEED_STORE_SIGNED(infeed_store_i16, int16_t, -32768, 32767)
     INFEED_VERTICAL(infeed_vertical_u8, uint8_t)
     INFEED_VERTICAL(infeed_vertical_u16, uint16_t)
 
@@ -330,6 +346,8 @@ cdef extern from *:
     """
     void store_u8 "infeed_store_u8"(const float *line, Py_ssize_t n, uint8_t *dst) noexcept nogil
     void store_u16 "infeed_store_u16"(const float *line, Py_ssize_t n, uint16_t *dst) noexcept nogil
+    void store_i8 "infeed_store_i8"(const float *line, Py_ssize_t n, int8_t *dst) noexcept nogil
+    void store_i16 "infeed_store_i16"(const float *line, Py_ssize_t n, int16_t *dst) noexcept nogil
     void vertical_u8 "infeed_vertical_u8"(const uint8_t *src, Py_ssize_t stride, const float *w, int taps,
                                           Py_ssize_t n, float *column) noexcept nogil
     void vertical_u16 "infeed_vertical_u16"(const uint16_t *src, Py_ssize_t stride, const float *w, int taps,
@@ -344,7 +362,7 @@ cdef extern from *:
 
 
 cdef void store_line(const float *line, Py_ssize_t n, char *dst, int kind) noexcept nogil:
-    """``dst[:n] = line[:n]`` cast to ``kind`` (integers rounded half up and clamped)."""
+    """``dst[:n] = line[:n]`` cast to ``kind`` (integers clamped and rounded half up)."""
     cdef Py_ssize_t i
     cdef uint32_t bits
     if kind == OUT_U8:
@@ -353,6 +371,10 @@ cdef void store_line(const float *line, Py_ssize_t n, char *dst, int kind) noexc
         store_u16(line, n, <uint16_t *>dst)
     elif kind == OUT_F32:
         memcpy(dst, line, n * sizeof(float))
+    elif kind == OUT_I8:
+        store_i8(line, n, <int8_t *>dst)
+    elif kind == OUT_I16:
+        store_i16(line, n, <int16_t *>dst)
     elif kind == OUT_BF16:
         for i in range(n):
             memcpy(&bits, &line[i], 4)
@@ -485,6 +507,10 @@ cdef object _output_kind(cnp.ndarray out):
         return OUT_U16
     if t == cnp.NPY_FLOAT16:
         return OUT_F16
+    if t == cnp.NPY_INT8:
+        return OUT_I8
+    if t == cnp.NPY_INT16:
+        return OUT_I16
     return OUTPUT_TYPES.get(out.dtype.name) if cnp.PyTypeNum_ISUSERDEF(t) else None
 
 

@@ -21,8 +21,9 @@ __all__ = ["FixedLen", "VarLen", "Bytes", "Image", "Padded", "Feature", "RESIZE_
 
 #: How an Image may be resized, and the dtypes it may be decoded to.
 RESIZE_MODES = ("center_crop", "random_resized_crop", "pad", None)
-IMAGE_DTYPES = ("uint8", "uint16", "float32", "float16", "bfloat16")
-_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+IMAGE_DTYPES = ("uint8", "uint16", "int8", "int16", "float32", "float16", "bfloat16")
+#: The Image dtypes that hold normalised values, ``(level - mean) / std``: floats and signed integers.
+_NORMALISED_DTYPES = ("float32", "float16", "bfloat16", "int8", "int16")
 
 #: Numeric dtypes a spec may ask for, and the Example kind each is read from. The decoder converts the
 #: float32 values to bfloat16 and float16 (to nearest, ties to even, as numpy's ``astype``) and checks that
@@ -196,8 +197,11 @@ class Image:
 
     size: the output ``(height, width)``.
     channels: 1 (grayscale), 3 (RGB; a PNG's alpha is dropped) or 4 (RGBA; opaque where the image has no alpha).
-    dtype: ``uint8``, ``uint16``, ``float32``, ``float16`` or ``bfloat16``. Floats are on the 0-255 scale
-        (a 16-bit PNG's values divided by 257), then ``(value - mean) / std`` when those are given.
+    dtype: ``uint8``, ``uint16``, ``int8``, ``int16``, ``float32``, ``float16`` or ``bfloat16``. ``uint16`` holds
+        levels 0-65535 (an 8-bit image's times 257), every other dtype levels on the 0-255 scale (a 16-bit PNG's
+        divided by 257), then ``(level - mean) / std`` when those are given (floats and signed integers only);
+        integers are rounded to nearest (halves up) and clamped. ``int8`` needs ``mean``: ``mean=128`` stores
+        ``level - 128``, the input of int8-quantised models.
     resize: ``"center_crop"``: the central ``central_fraction`` of the largest window of the output's aspect
         ratio, resized (ResNet's evaluation crop); ``"random_resized_crop"``: a window of ``area`` of the image's
         area and ``aspect`` (width / height) drawn per record (10 attempts, then the central window of the
@@ -255,10 +259,19 @@ class Image:
         object.__setattr__(self, "central_fraction", float(fraction))
         mean = _per_channel("mean", self.mean, self.channels)
         std = _per_channel("std", self.std, self.channels)
-        if (mean is not None or std is not None) and dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"Image.mean and std need a float dtype ({', '.join(_FLOAT_DTYPES)}), not {dtype}")
+        if (mean is not None or std is not None) and dtype not in _NORMALISED_DTYPES:
+            raise ValueError(f"Image.mean and std need a dtype that holds normalised values "
+                             f"({', '.join(_NORMALISED_DTYPES)}), not {dtype}")
+        if dtype == "int8" and mean is None:
+            raise ValueError("Image.dtype int8 holds -128..127, where levels 0-255 do not fit: give mean "
+                             "(mean=128 stores level - 128)")
         if std is not None and 0.0 in std:
             raise ValueError(f"Image.std must not be 0, got {self.std!r}")
+        with np.errstate(over="ignore", divide="ignore"):
+            affine = np.float32([1.0 / s for s in std or (1.0,)] + [m / s for m, s in zip(mean or (), std or ())])
+        if not np.all(np.isfinite(affine)):
+            raise ValueError(f"Image.mean / std and 1 / std must fit float32, got mean={self.mean!r}, "
+                             f"std={self.std!r}")
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
         object.__setattr__(self, "flip", bool(self.flip))

@@ -89,7 +89,11 @@ def central_window(height, width, fraction=0.875):
     ({"size": (0, 3)}, "size"), ({"size": 224}, "size"), ({"channels": 2}, "channels"),
     ({"dtype": "int32"}, "dtype"), ({"resize": "stretch"}, "resize"), ({"area": (0.5, 0.2)}, "area"),
     ({"area": (0.1, 1.5)}, "area"), ({"aspect": (0, 1)}, "aspect"), ({"central_fraction": 0}, "central_fraction"),
-    ({"mean": 0.5}, "float dtype"), ({"dtype": "float32", "std": 0}, "std"),
+    ({"mean": 0.5}, "normalised values"), ({"dtype": "uint16", "std": 2}, "normalised values"),
+    ({"dtype": "int8"}, "mean=128"), ({"dtype": "int8", "std": 2}, "mean=128"),
+    ({"dtype": "float32", "std": 1e-300}, "fit float32"),
+    ({"dtype": "int16", "mean": 1e30, "std": 1e-10}, "fit float32"),
+    ({"dtype": "float32", "std": 0}, "std"),
     ({"dtype": "float32", "mean": (1, 2)}, "mean"), ({"max_pixels": 0}, "max_pixels"), ({"key": ""}, "key"),
 ])
 def test_a_bad_image_spec_is_a_value_error_naming_the_field(kwargs, message):
@@ -101,6 +105,9 @@ def test_the_spec_round_trips_through_json_and_lays_out_the_batch(tmp_path):
     spec = {"image": Image(size=(32, 48), channels=1, dtype="bfloat16", resize="random_resized_crop", flip=True,
                            mean=127.5, std=(64,)), "label": FixedLen((), "int64")}
     assert spec_from_json(spec_to_json(spec)) == spec
+    signed = {"image": Image(dtype="int8", mean=128, std=(1, 2, 3))}
+    assert spec_from_json(spec_to_json(signed)) == signed
+    assert ExampleParser(signed).allocate(2)["image"].dtype == np.int8
     out = ExampleParser(spec).allocate(4)
     assert out["image"].shape == (4, 32, 48, 1) and out["image"].dtype == ml_dtypes.bfloat16
     path = str(tmp_path / "a.tfrecord")
@@ -219,6 +226,23 @@ def test_float_outputs_are_normalised_and_halves_are_the_float32_values_rounded(
     assert np.abs(as_u8 - rounded).max() <= 1
     off = as_u8 != rounded
     assert (np.abs(plain[off] - np.floor(plain[off]) - 0.5) < 0.02).all()
+
+
+def test_signed_outputs_are_the_normalised_values_rounded_half_up_and_clamped():
+    data = jpeg(photo(100, 120))
+    plain = decode(Image(size=(50, 50), dtype="float32"), data)
+    centred = decode(Image(size=(50, 50), dtype="int8", mean=128), data)      # an int8-quantised model's input
+    assert centred.dtype == np.int8
+    assert np.array_equal(centred, np.clip(np.floor(plain - 128 + 0.5), -128, 127).astype(np.int8))
+    assert np.array_equal(decode(Image(size=(50, 50), dtype="int16"), data), np.floor(plain + 0.5))
+    mean, std = (123.7, 116.3, 103.5), (0.25, 0.5, 4.0)       # 1 / std levels: beyond int8, clamped
+    normalised = decode(Image(size=(50, 50), dtype="float32", mean=mean, std=std), data)
+    for dtype, (low, high) in (("int8", (-128, 127)), ("int16", (-32768, 32767))):
+        got = decode(Image(size=(50, 50), dtype=dtype, mean=mean, std=std), data)
+        assert got.dtype == np.dtype(dtype)
+        assert np.array_equal(got, np.clip(np.floor(normalised + 0.5), low, high))
+    assert centred.min() < 0 < centred.max() and decode(Image(size=(50, 50), dtype="int8", mean=mean, std=std),
+                                                         data).min() == -128
 
 
 @pytest.mark.parametrize("channels", [1, 3, 4])
