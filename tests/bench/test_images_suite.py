@@ -19,6 +19,10 @@ def test_images_suite_gives_every_figure_ratio_and_note(tmp_path):
     ratios = {r.name: r.target for r in result.ratios}
     assert ratios[f"{suite.daemon_name(1, 'centre crop')} / {suite.BARE}"] == 0.85
     assert ratios[f"{suite.daemon_name(2, 'centre crop')} / {suite.daemon_name(1, 'centre crop')}"] == 1.7
+    # with TensorFlow: the targets, centre crops against decode + crop + resize
+    assert suite.TARGETS[(suite.daemon_name(1, "centre crop"), suite.TF_FULL)] == {"500x375": 1.0, "1024x768": 1.3}
+    assert suite.TARGETS[(suite.daemon_name(1, "random resized crop"), suite.tf_name("random resized crop", 1))] \
+        == {"500x375": 1.0, "1024x768": 1.0}
     assert any("where a centre crop's time goes" in note for note in result.notes)
     assert {s["name"] for s in result.stages} == {suite.daemon_name(w, m) for m in suite.MODES for w in (1, 2)}
     assert "images" in bench_main.SUITES
