@@ -187,7 +187,7 @@ IMAGE_SPECS = [
     infeed.Image(size=(16, 16)),
     infeed.Image(size=(8, 12), resize="random_resized_crop", flip=True, dtype="bfloat16", mean=127, std=64),
     infeed.Image(size=(10, 10), resize="pad", channels=1, dtype="uint16"),
-    infeed.Image(size=(16, 16), resize=None, channels=4, max_pixels=1 << 16),
+    infeed.Image(size=(16, 16), resize=None, channels=4, dtype="int8", mean=128, max_pixels=1 << 16),
 ]
 IMAGE_PARSERS = [infeed.ExampleParser({"image": spec}) for spec in IMAGE_SPECS]
 
