@@ -48,6 +48,8 @@ DEF OUT_I16 = 6
 
 OUTPUT_TYPES = {"uint8": OUT_U8, "uint16": OUT_U16, "float32": OUT_F32, "float16": OUT_F16, "bfloat16": OUT_BF16,
                 "int8": OUT_I8, "int16": OUT_I16}
+#: The same by numpy's type number, for numpy's own types.
+_NUMPY_OUTPUT_TYPES = {np.dtype(name).num: kind for name, kind in OUTPUT_TYPES.items() if name != "bfloat16"}
 
 
 cdef struct Axis:
@@ -499,19 +501,9 @@ def fixed_point_impl():
 cdef object _output_kind(cnp.ndarray out):
     """The OUT_* of ``out``'s dtype, or None (by type number for numpy's own types: ``dtype.name`` is slow)."""
     cdef int t = cnp.PyArray_TYPE(out)
-    if t == cnp.NPY_UINT8:
-        return OUT_U8
-    if t == cnp.NPY_FLOAT32:
-        return OUT_F32
-    if t == cnp.NPY_UINT16:
-        return OUT_U16
-    if t == cnp.NPY_FLOAT16:
-        return OUT_F16
-    if t == cnp.NPY_INT8:
-        return OUT_I8
-    if t == cnp.NPY_INT16:
-        return OUT_I16
-    return OUTPUT_TYPES.get(out.dtype.name) if cnp.PyTypeNum_ISUSERDEF(t) else None
+    if not cnp.PyTypeNum_ISUSERDEF(t):
+        return _NUMPY_OUTPUT_TYPES.get(t)
+    return OUTPUT_TYPES.get(out.dtype.name)          # bfloat16 (ml_dtypes): a user-defined type
 
 
 cdef object _per_channel(value, int channels):
