@@ -1,18 +1,27 @@
 # The two commands a new user runs: `make demo` and `make test`.
+# `make test PYTHON=python3.13` runs the suite under another interpreter, in a venv of its own (.venv-python3.13).
 PYTHON ?= python3
-VENV := .venv
+VENV ?= $(if $(filter command line,$(origin PYTHON)),.venv-$(notdir $(PYTHON)),.venv)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-oldest test-newest bench soak fuzz asan clean
+.PHONY: demo test test-oldest test-newest wheel check-install bench soak fuzz asan clean
+
+# A venv made by $(1) at $(2), made anew when it holds another Python than $(1).
+define make_venv
+	test "$$($(2)/bin/python -VV 2>&1)" = "$$($(1) -VV 2>&1)" || { rm -rf $(2) && $(1) -m venv $(2); }
+	$(2)/bin/python -m pip install -q --upgrade "pip>=24"
+endef
 
 EXT_SOURCES := $(wildcard infeed/*/*.pyx infeed/*/*.pxd infeed/*/*.h infeed/tfrecord/_crc32c.c)
-# What building the extensions in place leaves (every venv here shares it: see test-oldest).
-EXT_BUILT := infeed/*/*.so infeed/tfrecord/_tfrecord.c infeed/example/_example.c infeed/example/_image.c infeed/ring/_ring.c
+# What building the extensions in place leaves: the C that Cython generates, and one file per module and Python ABI
+# (infeed/tfrecord/_tfrecord.cpython-311-x86_64-linux-gnu.so), so venvs of different Pythons share a checkout.
+EXT_MODULES := infeed/tfrecord/_tfrecord infeed/example/_example infeed/example/_image infeed/ring/_ring
+EXT_GENERATED := $(addsuffix .c,$(EXT_MODULES))
 
 $(STAMP): setup.py pyproject.toml $(EXT_SOURCES)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade "pip>=24"
+	@$(PYTHON) -c 'import sys' || { echo "make: PYTHON=$(PYTHON) does not run: name an installed interpreter" >&2; exit 2; }
+	$(call make_venv,$(PYTHON),$(VENV))
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
@@ -25,29 +34,60 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# The two ends of the supported versions (setup.py's ranges; docs/porting.md): .venv-oldest with every lower bound
-# (constraints/oldest.txt), .venv-newest with the newest release below every upper bound (constraints/newest.txt).
-# Each builds the extensions with its own numpy, Cython and setuptools (no build isolation; in place, so the last
-# venv built leaves its extensions to the others: built against numpy >= 2.0, they load under any numpy 2.x),
-# then runs the tests of what those versions touch: the estimator, checkpoints, export, the compiled loop, the
-# feeder, host calls, decoding and conversion, the Grain source, docs/embedding.md's Flax and Grain blocks, and the
-# packages' doctests (~3 minutes each on 2 cores, set-up included).
+# The two ends of the supported versions (setup.py's ranges; docs/porting.md): .venv-oldest, Python 3.11 with every
+# lower bound (constraints/oldest.txt), and .venv-newest, the newest Python here (3.13, else 3.12: jax 0.11+ and
+# numpy 2.5 need 3.12) with the newest release below every upper bound (constraints/newest.txt). The interpreters are
+# found on PATH or through pyenv (tools/find-python); PYTHON=... on the command line names one instead.
+# Each builds the extensions with its own numpy, Cython and setuptools (no build isolation; in place, so the
+# extension files of this interpreter's ABI are rebuilt, and the others' kept), then runs the tests of what those
+# versions touch: the estimator, checkpoints, export, the compiled loop, the feeder, host calls, decoding and
+# conversion, the Grain source, docs/embedding.md's Flax and Grain blocks, and the packages' doctests (~3 minutes
+# each on 2 cores, set-up included).
 COMPAT_TESTS := tests/estimator tests/xla_runtime tests/reliability/test_checkpoints.py tests/reliability/test_export.py \
 	tests/infeed/example tests/infeed/tfrecord tests/infeed/commands/test_convert.py tests/infeed/test_grain_source.py \
 	tests/docs infeed xla_runtime estimator
 
+VERSIONS_oldest := 3.11
+VERSIONS_newest := 3.13 3.12
+ifeq ($(origin PYTHON),command line)
+PYTHON_oldest := $(PYTHON)
+PYTHON_newest := $(PYTHON)
+else
+PYTHON_oldest := $(shell tools/find-python $(VERSIONS_oldest))
+PYTHON_newest := $(shell tools/find-python $(VERSIONS_newest))
+endif
+
 .venv-%/.installed: constraints/%.txt setup.py pyproject.toml $(EXT_SOURCES)
-	test -x .venv-$*/bin/python || $(PYTHON) -m venv .venv-$*
-	.venv-$*/bin/python -m pip install -q --upgrade "pip>=24"
+	@test -n "$(PYTHON_$*)" || { echo "make test-$*: no Python $(VERSIONS_$*) found (tried pythonX.Y on PATH and" \
+	"'pyenv prefix X.Y'): install one (pyenv install $(firstword $(VERSIONS_$*))) or name one: PYTHON=/path/to/python" >&2; exit 2; }
+	$(call make_venv,$(PYTHON_$*),.venv-$*)
 	.venv-$*/bin/python -m pip install -q -c constraints/$*.txt Cython setuptools numpy wheel
-	rm -f $(EXT_BUILT)
+	abi=$$(.venv-$*/bin/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))') && \
+	rm -f $(EXT_GENERATED) $(addsuffix $$abi,$(EXT_MODULES))
 	.venv-$*/bin/python -m pip install -q --no-build-isolation -c constraints/$*.txt -e '.[dev]'
 	.venv-$*/bin/python -m pip check
 	touch $@
 
 test-oldest test-newest: test-%: .venv-%/.installed
-	.venv-$*/bin/python -m pip list 2>/dev/null | grep -E '^(jax|jaxlib|numpy|ml_dtypes|pyarrow|optax|orbax-checkpoint|etils|tqdm|flatbuffers|simplejpeg|Cython|setuptools) '
+	.venv-$*/bin/python -VV
+	.venv-$*/bin/python -m pip list 2>/dev/null | grep -E '^(jax|jaxlib|numpy|ml_dtypes|pyarrow|optax|orbax-checkpoint|etils|tqdm|flatbuffers|simplejpeg|grain|flax|pillow|Cython|setuptools) '
 	.venv-$*/bin/python -m pytest -q $(COMPAT_TESTS)
+
+# What a user's pip gets, in dist/: the sdist, and the wheel built from it for $(PYTHON), repaired by auditwheel to
+# the oldest manylinux tag its symbols allow (the extensions need nothing beyond the glibc and libm that every
+# manylinux system has; README.md names the tag). check-install installs each into a fresh venv outside the
+# checkout and runs tools/check_installed.py there: the shared fixture decoded, a few steps trained and served.
+INFEED_FIXTURES ?= ../shared/fixtures/tfrecord
+
+wheel: $(STAMP)
+	$(BIN)/python -m pip install -q 'build>=1.2,<2' 'auditwheel>=6.1,<7'
+	rm -rf dist/build && $(BIN)/python -m build --outdir dist/build .
+	$(BIN)/auditwheel repair --wheel-dir dist dist/build/*.whl
+	mv -f dist/build/*.tar.gz dist/ && rm -rf dist/build
+	$(BIN)/auditwheel show dist/*-$$($(BIN)/python -c 'import sys; print("cp%d%d" % sys.version_info[:2])')-*.whl
+
+check-install: wheel
+	tools/check-install $(PYTHON) dist $(INFEED_FIXTURES)
 
 # Every suite, ~10 minutes on 2 cores: tables, then bench-results/<date>-<host>.json, .md and plots.
 bench: $(STAMP)
@@ -70,4 +110,4 @@ asan: $(STAMP)
 	PY=$(BIN)/python ASAN_SECONDS=$${ASAN_SECONDS:-60} tests/fuzz/run_asan.sh
 
 clean:
-	rm -rf $(VENV) .venv-oldest .venv-newest build *.egg-info $(EXT_BUILT)
+	rm -rf .venv .venv-* build dist *.egg-info $(EXT_GENERATED) infeed/*/*.so

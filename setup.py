@@ -22,7 +22,17 @@ setup(
     name="tpu-estimator-jax",
     version="0.1.0",
     description="TPUEstimator's ideas on JAX and XLA: TFRecord infeed, compiled loops, estimator",
-    python_requires=">=3.11",
+    python_requires=">=3.11,<3.14",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Programming Language :: Cython",
+        "Operating System :: POSIX :: Linux",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     # bench/ is run from a checkout (`python -m bench`), never installed: "bench" is no name to take in site-packages.
     packages=find_packages(include=["infeed", "infeed.*", "xla_runtime", "xla_runtime.*", "estimator", "estimator.*"]),
     ext_modules=cythonize(extensions, language_level=3,
@@ -32,11 +42,11 @@ setup(
     # Each lower bound is the oldest version tested (constraints/oldest.txt, `make test-oldest`), each upper bound
     # the next minor not tested (the newest below it: constraints/newest.txt, `make test-newest`); docs/porting.md.
     install_requires=[
-        # jax 0.11 needs Python >= 3.12, which this project's machines lack: untested, so excluded. jax 0.7.1 is the
-        # oldest that passes (0.7.0 and older refuse arrays on the 8-device mesh under the loop's context mesh).
-        "jax>=0.7.1,<0.11",
-        "jaxlib>=0.7.1,<0.11",
-        "numpy>=2.0,<2.5",
+        # jax 0.7.1 is the oldest that passes (0.7.0 and older refuse arrays on the 8-device mesh under the loop's
+        # context mesh); 0.11 and 0.12 need Python >= 3.12 and are tested there (make test-newest).
+        "jax>=0.7.1,<0.13",
+        "jaxlib>=0.7.1,<0.13",
+        "numpy>=2.0,<2.6",              # numpy 2.5 needs Python >= 3.12
         "ml_dtypes>=0.5,<0.7",          # bfloat16 outputs (numpy knows "bfloat16" once it is imported); jax needs >=0.5
         "pyarrow>=16,<27",
         "optax>=0.1.5,<0.3",            # 0.1.4 and older use jax.numpy.DeviceArray, which jax no longer has

@@ -143,6 +143,7 @@ class Checkpoints:
             self._delete(step)
         if step in self._manager.all_steps():        # orbax's own list, out of date after a deletion or a failure
             self._manager.reload()
+        logger.info("Saving checkpoints for %d into %s.", step, self.directory)      # TPUEstimator's line
         try:
             # force=True: save now; orbax's own policy would skip a step while a previous save is in flight.
             args = _orbax().args
@@ -303,7 +304,7 @@ class Checkpoints:
             _rmtree(doomed)
         path.rename(doomed)          # atomic: a deletion cut short never leaves a half-deleted <step>
         _rmtree(doomed)
-        logger.info("deleted old checkpoint %s", path)
+        logger.debug("deleted old checkpoint %s", path)
 
     def _is_complete(self, path: epath.Path) -> bool:
         """A committed checkpoint directory: a real directory under its final name (where orbax commits by

@@ -1,8 +1,9 @@
 """Progress logs like TPUEstimator's, and a progress bar on a terminal.
 
 :class:`StepLogger` is told the global step after each compiled loop (many
-steps at a time) and, every ``every_steps`` steps, logs what TensorFlow's
-LoggingTensorHook and StepCounterHook logged::
+steps at a time). As TensorFlow's LoggingTensorHook, it logs the loss of the
+first step a ``train`` call runs (:meth:`StepLogger.first_step`); then, every
+``every_steps`` steps, what LoggingTensorHook and StepCounterHook logged::
 
     loss = 0.123, step = 1200 (1.172 sec)
     global_step/sec: 85.3
@@ -34,6 +35,8 @@ lines, off.
 >>> logger.addHandler(logging.StreamHandler(sys.stdout)); logger.setLevel(logging.INFO)
 >>> ticks = iter([0.0, 2.0, 4.0])
 >>> log = StepLogger(every_steps=100, examples_per_step=128, logger=logger, bar=False, clock=lambda: next(ticks))
+>>> log.first_step(1, loss=2.5)
+loss = 2.5, step = 1
 >>> log.update(100, loss=0.5)
 loss = 0.5, step = 100
 {}
@@ -90,6 +93,7 @@ class StepLogger:
         self._logged_multiple = initial_step // every_steps
         self._last_log: tuple[int, float] | None = None              # (step, time) of the last log line
         self._last_wait: float | None = None                          # input wait (s) at the last log line
+        self._first_step: int | None = None                           # the step first_step logged
         if bar is None:
             bar = sys.stderr.isatty()
         self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, desc=desc, unit="step",
@@ -99,6 +103,13 @@ class StepLogger:
     def has_bar(self) -> bool:
         """Whether a progress bar is shown (until :meth:`close`)."""
         return self._bar is not None
+
+    def first_step(self, step: int, loss) -> None:
+        """Logs ``loss = X, step = S`` for the first step of the work (LoggingTensorHook's first line), unless
+        quiet; the rates still start from the first :meth:`update` (compilation is never counted)."""
+        if not self._quiet:
+            self.logger.info("loss = %g, step = %d", float(loss), int(step))
+            self._first_step = int(step)
 
     def update(self, step: int, loss=None, extra: Mapping[str, object] | None = None,
                input_wait_s: float | None = None) -> dict[str, float]:
@@ -124,7 +135,7 @@ class StepLogger:
         now = self._clock()
         tensors = {"loss": loss} if loss is not None else {}
         tensors.update(extra or {})
-        if tensors and not self._quiet:
+        if tensors and not self._quiet and step != self._first_step:      # not the same line twice
             line = ", ".join(f"{name} = {float(value):g}" for name, value in tensors.items()) + f", step = {step}"
             if self._last_log is not None:
                 line += f" ({now - self._last_log[1]:.3f} sec)"

@@ -9,6 +9,7 @@ or Inf); where the input resumes from the latest checkpoint. Each part is a name
 
 from __future__ import annotations
 
+import logging
 import time
 
 import jax
@@ -23,6 +24,8 @@ from estimator.progress import StepLogger
 from estimator.writers.run_writers import RunWriters
 
 __all__ = ["TrainBookkeeping", "checkpointed_input"]
+
+_log = logging.getLogger("estimator")
 
 
 def checkpointed_input(checkpoints: Checkpoints) -> dict | None:
@@ -58,6 +61,8 @@ class TrainBookkeeping:
             self.writers.close(quiet=True)
             raise
         self._saved_step, self._saved_time = start, time.monotonic()
+        self.start = start
+        self.final_loss: float | None = None      # the loss of the last step run
 
     @staticmethod
     def fetch(outputs: dict) -> dict:
@@ -79,7 +84,10 @@ class TrainBookkeeping:
                     self.writers.write_values(first + i, values, where)      # what it returned, if anything
         step = first + n
         with TraceAnnotation("estimator/summaries"):
-            rates = self.logger.update(step, loss=float(losses[-1]), input_wait_s=input_wait_s)
+            if first == self.start:
+                self.logger.first_step(first + 1, losses[0])
+            self.final_loss = float(losses[-1])
+            rates = self.logger.update(step, loss=self.final_loss, input_wait_s=input_wait_s)
             every = self.config.save_summary_steps
             if step // every > first // every or rates or step >= self.target:
                 scalars = {"loss": float(losses[-1]), **rates}
@@ -101,9 +109,12 @@ class TrainBookkeeping:
 
     def close(self, failed: bool = False) -> None:
         """Closes the log's progress bar and the metric writers (``failed``: the call is failing already, so a
-        writer's error on closing is logged, not raised)."""
+        writer's error on closing is logged, not raised); logs ``Loss for final step: X.`` (TPUEstimator's last
+        line of ``train``) when the call ran a step and did not fail, unless the progress lines are off."""
         try:
             self.logger.close()
+            if not failed and self.final_loss is not None and self.config.log_step_count_steps is not None:
+                _log.info("Loss for final step: %g.", self.final_loss)
         finally:
             self.writers.close(quiet=failed)
 

@@ -234,21 +234,66 @@ class Repeat:
         pass
 
 
-def train(model_dir, log_step_count_steps):
+def train(model_dir, log_step_count_steps, max_steps=20, **config):
     x = np.ones((8, 3), np.float32)
-    config = est.RunConfig(model_dir=str(model_dir), iterations_per_loop=5, save_summary_steps=10,
-                           log_step_count_steps=log_step_count_steps)
+    config = est.RunConfig(model_dir=str(model_dir), **{"iterations_per_loop": 5, "save_summary_steps": 10,
+                                                       "log_step_count_steps": log_step_count_steps, **config})
     e = est.Estimator(model_fn, lambda rng, features: {"params": {"w": jnp.zeros(3)}}, optax.sgd(0.1), config,
                       train_batch_size=8)
-    e.train(lambda params: Repeat(({"x": x}, np.ones(8, np.float32))), max_steps=20)
+    e.train(lambda params: Repeat(({"x": x}, np.ones(8, np.float32))), max_steps=max_steps)
     return e
+
+
+def test_a_30_step_run_logs_as_tpuestimator_does(tmp_path, capsys):
+    """TPUEstimator's lines, with the default cadence (log_step_count_steps=100): the first step's loss, each
+    save, the final step's loss; the checkpoints that keep_checkpoint_max deletes only at DEBUG."""
+    with unconfigured_logging():
+        train(tmp_path, est.RunConfig.log_step_count_steps, max_steps=30, save_checkpoints_steps=10,
+              keep_checkpoint_max=1)
+        err = capsys.readouterr().err.splitlines()
+    directory = tmp_path / "checkpoints"
+    assert [line.split(" = ")[0] if line.startswith("INFO:estimator:loss") else line.rsplit(": ", 1)[0]
+            for line in err] == [
+        "INFO:estimator:loss",
+        f"INFO:estimator.checkpoints:Saving checkpoints for 10 into {directory}.",
+        f"INFO:estimator.checkpoints:Saving checkpoints for 20 into {directory}.",
+        f"INFO:estimator.checkpoints:Saving checkpoints for 30 into {directory}.",
+        "INFO:estimator:Loss for final step"]
+    first_loss = float(err[0].split("loss = ")[1].split(",")[0])
+    assert err[0] == f"INFO:estimator:loss = {first_loss:g}, step = 1"
+    assert first_loss == pytest.approx(1.0)                  # w = 0: the loss of step 1 is mean(1 ** 2)
+    final_loss = float(err[-1].rsplit(": ", 1)[1].rstrip("."))
+    assert 0 <= final_loss < first_loss and err[-1].endswith(f"{final_loss:g}.")
+    assert sorted(p.name for p in directory.iterdir() if p.name.isdigit()) == ["30"]       # 10 and 20 deleted
+
+
+def test_the_first_step_is_logged_once_when_it_ends_a_logged_loop(caplog, clock):
+    caplog.set_level(logging.INFO, logger="estimator")
+    log = StepLogger(every_steps=1, bar=False, clock=clock)
+    log.first_step(1, loss=2.0)
+    log.update(1, loss=2.0)
+    clock.now += 1.0
+    log.update(2, loss=1.0)
+    assert messages(caplog) == ["loss = 2, step = 1", "loss = 1, step = 2 (1.000 sec)", "global_step/sec: 1"]
+
+
+def test_a_resumed_train_call_logs_its_own_first_step_and_quiet_logs_neither_loss_line(tmp_path, capsys):
+    with unconfigured_logging():
+        e = train(tmp_path, 100, max_steps=10)
+        capsys.readouterr()
+        e.train(lambda params: Repeat(({"x": np.ones((8, 3), np.float32)}, np.ones(8, np.float32))), max_steps=15)
+        err = capsys.readouterr().err.splitlines()
+        assert [line for line in err if ", step = " in line][0].endswith(", step = 11")
+        assert err[-1].startswith("INFO:estimator:Loss for final step: ")
+        train(tmp_path / "quiet", None, max_steps=10)
+        assert capsys.readouterr().err == ""
 
 
 def test_an_estimator_logs_its_progress_at_info_by_default_and_nothing_when_quiet(tmp_path, capsys):
     with unconfigured_logging():
         train(tmp_path / "default", 10)
         err = capsys.readouterr().err.splitlines()
-        assert [line.split(", step = ")[1].split()[0] for line in err if ", step = " in line] == ["10", "20"]
+        assert [line.split(", step = ")[1].split()[0] for line in err if ", step = " in line] == ["1", "10", "20"]
         assert err[0].startswith("INFO:estimator:loss = ")
         assert any(line.startswith("INFO:estimator:global_step/sec: ") for line in err)
         assert any(line.startswith("INFO:estimator:examples/sec: ") for line in err)
@@ -271,4 +316,5 @@ def test_an_application_that_configured_logging_gets_each_line_once(tmp_path, ca
         finally:
             root.setLevel(level)
         assert capsys.readouterr().err == ""
-        assert [line.split(", step = ")[1].split()[0] for line in app.lines if ", step = " in line] == ["10", "20"]
+        assert [line.split(", step = ")[1].split()[0] for line in app.lines if ", step = " in line] == \
+            ["1", "10", "20"]
