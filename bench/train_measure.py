@@ -149,7 +149,8 @@ class _EstimatorCase:
         began = time.perf_counter()
         self.e.train(self.input_fn, steps=steps)
         done = time.perf_counter()
-        ends = list(self.ends.ends)
+        # The first step's own line (TPUEstimator's first LoggingTensorHook line) comes with the first loop's end.
+        ends = [end for end in self.ends.ends if end[1] != first + 1 or self.k == 1]
         want = list(range(first + self.k, first + steps + 1, self.k))
         if [s for _, s, _ in ends] != want:
             raise RuntimeError(f"{EST}: expected the estimator to log the ends of the loops at steps {want}, "

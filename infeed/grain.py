@@ -56,8 +56,8 @@ from infeed.errors import IndexFileError
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import Padded
 from infeed.tfrecord.files import expand_files
-from infeed.tfrecord.index import (INDEX_SUFFIX, MAX_JOINED_READ, RecordIndex, build_index, index_path, load_index,
-                                   read_indexed, write_index)
+from infeed.tfrecord.index import (INDEX_SUFFIX, MAX_JOINED_READ, RecordIndex, build_index, index_path, is_index_file,
+                                   load_index, read_indexed, write_index)
 from infeed.tfrecord.reader import open_random_access
 
 __all__ = ["TFRecordSource", "ParseBatch", "ParseExample", "MISSING_INDEX"]
@@ -91,7 +91,7 @@ class TFRecordSource:
     def __init__(self, paths, *, missing_index: str = "error"):
         if missing_index not in MISSING_INDEX:
             raise ValueError(f"missing_index must be one of {sorted(MISSING_INDEX)}, got {missing_index!r:.80}")
-        files = [p for p in expand_files(paths) if not p.endswith(INDEX_SUFFIX)]
+        files = [p for p in expand_files(paths) if not is_index_file(p)]
         if not files:
             raise ValueError(f"{paths!r:.200} names only {INDEX_SUFFIX} sidecars, no data files")
         self.missing_index = missing_index

@@ -35,6 +35,7 @@ import pyarrow.fs as pafs
 from infeed.commands.arguments import positive_int
 from infeed.errors import ColumnError, ConvertError
 from infeed.example.arrow import ColumnPlan, encode_batch, plan_columns
+from infeed.tfrecord.files import split_query, with_suffix
 from infeed.tfrecord.writer import TFRecordWriter
 
 __all__ = ["ConvertResult", "Shard", "convert", "detect_format", "shard_sizes",
@@ -164,14 +165,16 @@ def _check_positive(name: str, value) -> None:
 
 
 def shard_paths(prefix: str, count: int, compression: str | None = None) -> list[str]:
-    """TensorFlow-style shard names: ``prefix-00000-of-00003.tfrecord[.gz|.zlib]``.
+    """TensorFlow-style shard names: ``prefix-00000-of-00003.tfrecord[.gz|.zlib]`` (a URI's query kept last).
 
     >>> shard_paths("out/train", 2, "GZIP")
     ['out/train-00000-of-00002.tfrecord.gz', 'out/train-00001-of-00002.tfrecord.gz']
+    >>> shard_paths("s3://bucket/train?region=eu-west-1", 1)
+    ['s3://bucket/train-00000-of-00001.tfrecord?region=eu-west-1']
     """
     width = max(5, len(str(count)))
     ext = _OUTPUT_EXTENSION[compression]
-    return [f"{prefix}-{k:0{width}d}-of-{count:0{width}d}{ext}" for k in range(count)]
+    return [with_suffix(prefix, f"-{k:0{width}d}-of-{count:0{width}d}{ext}") for k in range(count)]
 
 
 def detect_format(path: str, format: str = "auto") -> str:
@@ -361,7 +364,8 @@ def _check_kinds_agree(tables, plans):
 
 
 def _check_prefix(output: str):
-    if not output or output.endswith(("/", os.sep)) or ("://" not in output and os.path.isdir(output)):
+    location = split_query(output)[0]
+    if not location or location.endswith(("/", os.sep)) or ("://" not in output and os.path.isdir(output)):
         raise ConvertError(f"--output is a file name prefix such as out/train, got the directory {output!r}")
 
 
@@ -432,9 +436,10 @@ def _stale_shards(prefix: str, paths: list[str]) -> tuple[str, ...]:
         infos = fs.get_file_info(pafs.FileSelector(parent or ".", allow_not_found=True))
     except (OSError, pa.ArrowException):
         return ()
-    ours = {os.path.basename(p) for p in paths}
-    head = prefix[: len(prefix) - len(base)]
-    return tuple(sorted(head + i.base_name for i in infos
+    ours = {os.path.basename(split_query(p)[0]) for p in paths}
+    location, query = split_query(prefix)
+    head = location[: len(location) - len(base)]
+    return tuple(sorted(head + i.base_name + query for i in infos
                         if pattern.match(i.base_name) and i.base_name not in ours))
 
 

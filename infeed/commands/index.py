@@ -12,7 +12,7 @@ import time
 
 from infeed.errors import IndexFileError
 from infeed.tfrecord.files import expand_files
-from infeed.tfrecord.index import INDEX_SUFFIX, build_index, load_index, write_index
+from infeed.tfrecord.index import INDEX_SUFFIX, build_index, is_index_file, load_index, write_index
 
 HELP = "write a sidecar of record offsets beside each TFRecord file, for random access"
 USAGE_ERRORS = (ValueError,)
@@ -45,7 +45,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    paths = [p for p in expand_files(args.files) if not p.endswith(INDEX_SUFFIX)]
+    paths = [p for p in expand_files(args.files) if not is_index_file(p)]
     if not paths:
         raise ValueError(f"{' '.join(args.files)} names only {INDEX_SUFFIX} sidecars, no data files")
     reports = []

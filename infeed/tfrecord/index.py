@@ -22,11 +22,11 @@ import numpy as np
 
 from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.files import path_str
+from infeed.tfrecord.files import path_str, split_query, with_suffix
 from infeed.tfrecord.reader import _EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output, read_records
 
-__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "RecordIndex", "build_index", "index_path", "load_index", "read_indexed",
-           "write_index"]
+__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "RecordIndex", "build_index", "index_path", "is_index_file", "load_index",
+           "read_indexed", "write_index"]
 
 INDEX_SUFFIX = ".index"
 MAGIC = b"INFEEDIX"
@@ -52,8 +52,17 @@ class RecordIndex(NamedTuple):
 
 
 def index_path(path) -> str:
-    """The sidecar of the data file ``path`` (a local path or a URI)."""
-    return path_str(path) + INDEX_SUFFIX
+    """The sidecar of the data file ``path`` (a local path or a URI: the suffix goes before its query).
+
+    >>> index_path("gs://bucket/train-00000-of-00004?anonymous=true")
+    'gs://bucket/train-00000-of-00004.index?anonymous=true'
+    """
+    return with_suffix(path, INDEX_SUFFIX)
+
+
+def is_index_file(path) -> bool:
+    """Whether ``path`` (a local path or a URI, its query aside) names a sidecar index rather than data."""
+    return split_query(path_str(path))[0].endswith(INDEX_SUFFIX)
 
 
 def build_index(path) -> RecordIndex:
@@ -108,7 +117,7 @@ def write_index(index: RecordIndex, dest=None) -> str:
 
 def _write_atomically(dest: str, data: bytes) -> None:
     """Writes ``data`` to a temporary name beside ``dest``, then renames it to ``dest``."""
-    tmp = f"{dest}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = with_suffix(dest, f".tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         with open_output(tmp) as out:
             out.write(data)
