@@ -7,12 +7,13 @@ The sub-packages follow a batch's path: :mod:`infeed.tfrecord` (files and record
 
 from infeed import _native  # noqa: F401  (first: an unbuilt checkout fails saying how to build it)
 from infeed.daemon import Batch, Daemon, Dataset, Feed, InputStats, attach
-from infeed.errors import (AttachError, CorruptRecordError, DecodeError, IndexFileError, InfeedError, ShmSpaceError,
-                           Timeout, TransformError, WorkerDied)
+from infeed.errors import (AttachError, CorruptRecordError, DecodeError, FileSystemConfigError, IndexFileError,
+                           InfeedError, ShmSpaceError, Timeout, TransformError, WorkerDied)
 from infeed.example import (Bytes, ExampleParser, FixedLen, Image, Padded, VarLen, decode_example, encode_example,
                             parse_examples)
 from infeed.ring import Ring
 from infeed.tfrecord import TFRecordWriter, read_records
+from infeed.tfrecord.filesystems import register_filesystem, unregister_filesystem
 
 __all__ = [
     "AttachError",
@@ -24,6 +25,7 @@ __all__ = [
     "DecodeError",
     "ExampleParser",
     "Feed",
+    "FileSystemConfigError",
     "FixedLen",
     "Image",
     "IndexFileError",
@@ -42,4 +44,6 @@ __all__ = [
     "encode_example",
     "parse_examples",
     "read_records",
+    "register_filesystem",
+    "unregister_filesystem",
 ]

@@ -7,7 +7,7 @@ import signal as _signal
 
 __all__ = ["InfeedError", "CorruptRecordError", "CompressedStreamError", "DecodeError", "CORRUPTION_KINDS",
            "TransformError", "WorkerDied", "Timeout", "AttachError", "ShmSpaceError", "IndexFileError", "ColumnError",
-           "ConvertError"]
+           "ConvertError", "FileSystemConfigError"]
 
 #: What `CorruptRecordError.kind` can be, and what each means.
 CORRUPTION_KINDS = {
@@ -233,6 +233,20 @@ class IndexFileError(InfeedError):
 
     def __reduce__(self):
         return (type(self), (self.path, self.problem))
+
+
+class FileSystemConfigError(InfeedError, ValueError):
+    """A URI, or a filesystem registered for it, that cannot be opened as given: an option its query cannot
+    take, a registration that does not build. Attributes: ``uri`` (the URI or registered prefix) and
+    ``problem``."""
+
+    def __init__(self, uri, problem):
+        self.uri = uri
+        self.problem = problem
+        super().__init__(f"{uri}: {problem}")
+
+    def __reduce__(self):
+        return (type(self), (self.uri, self.problem))
 
 
 class ColumnError(InfeedError, ValueError):

@@ -36,6 +36,7 @@ from infeed.commands.arguments import positive_int
 from infeed.errors import ColumnError, ConvertError
 from infeed.example.arrow import ColumnPlan, encode_batch, plan_columns
 from infeed.tfrecord.files import split_query, with_suffix
+from infeed.tfrecord.filesystems import filesystem_for
 from infeed.tfrecord.writer import TFRecordWriter
 
 __all__ = ["ConvertResult", "Shard", "convert", "detect_format", "shard_sizes",
@@ -209,7 +210,7 @@ def _filesystem(path: str):
     """(pyarrow filesystem, path inside it) for a local path or a URI."""
     if "://" in path:
         try:
-            return pafs.FileSystem.from_uri(path)
+            return filesystem_for(path)
         except (pa.ArrowException, ValueError) as e:
             raise ConvertError(f"{path}: cannot open this URI: {e}") from None
     return pafs.LocalFileSystem(), os.path.abspath(path)

@@ -24,6 +24,7 @@ from infeed.errors import InfeedError, WorkerDied
 from infeed.ring import Ring
 from infeed.ring.orphans import collect as collect_orphans
 from infeed.ring.slots import REPORTED_ERROR
+from infeed.tfrecord.filesystems import registered_filesystems
 
 __all__ = ["Daemon", "start_workers", "stop_workers"]
 
@@ -52,7 +53,7 @@ def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, 
                                     close_fds=True)
             procs.append(proc)
             config = {"ring": ring.name, "worker": k, "workers": workers, "start": list(start),
-                      "dataset": dataset.to_json(), "sys_path": sys.path}
+                      "dataset": dataset.to_json(), "sys_path": sys.path, "filesystems": registered_filesystems()}
             proc.stdin.write(json.dumps(config).encode())
             proc.stdin.close()
     except BaseException:

@@ -36,6 +36,7 @@ from infeed.example.spec import Padded
 from infeed.ring import Ring
 from infeed.ring.slots import REPORTED_ERROR, SLOT_END, SLOT_ERROR
 from infeed.tfrecord._tfrecord import stage_totals
+from infeed.tfrecord.filesystems import restore_registered_filesystems
 
 __all__ = ["Producer", "main"]
 
@@ -228,6 +229,7 @@ def main() -> int:
     _keep_freed_memory()
     config = json.load(sys.stdin)
     sys.path += [path for path in config.get("sys_path", ()) if path not in sys.path]    # for the transforms
+    restore_registered_filesystems(config.get("filesystems", []))       # the trainer's register_filesystem calls
     ds = Dataset.from_json(config["dataset"], matched=True)
     ring = Ring.attach(config["ring"], ds.template(), steps_per_slot=ds.steps_per_slot, populate=True)
     index = int(config["worker"])

@@ -66,17 +66,19 @@ def _expand_uri(pattern: str) -> list[str]:
     which every match keeps; ``**/`` matches zero or more folders, as in a local glob."""
     import pyarrow.fs as pafs
 
+    from infeed.tfrecord.filesystems import filesystem_for      # it imports this module
+
     pattern, query = (pattern.split("?", 1) + [""])[:2]
     query = f"?{query}" if query else ""
     scheme, rest = pattern.split("://", 1)
     cut = min((rest.find(c) for c in "*[" if c in rest), default=-1)
     if cut < 0:
-        fs, inner = pafs.FileSystem.from_uri(pattern + query)
+        fs, inner = filesystem_for(pattern + query)
         if fs.get_file_info(inner).type != pafs.FileType.File:
             raise FileNotFoundError(f"no such file: {pattern + query!r}")
         return [pattern + query]
     base_uri = f"{scheme}://{rest[:rest.rfind('/', 0, cut) + 1]}"
-    fs, base = pafs.FileSystem.from_uri(base_uri + query)
+    fs, base = filesystem_for(base_uri + query)
     prefix = f"{scheme}://"
     inner_pattern = base.rstrip("/") + "/" + rest[rest.rfind("/", 0, cut) + 1:]
     infos = fs.get_file_info(pafs.FileSelector(base, recursive="**" in pattern, allow_not_found=True))

@@ -23,6 +23,7 @@ import numpy as np
 from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.files import path_str, split_query, with_suffix
+from infeed.tfrecord.filesystems import filesystem_for
 from infeed.tfrecord.reader import _EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output, read_records
 
 __all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "RecordIndex", "build_index", "index_path", "is_index_file", "load_index",
@@ -132,19 +133,15 @@ def _rename(src: str, dest: str) -> None:
     if not _is_uri(dest):
         os.replace(src, dest)
         return
-    import pyarrow.fs as pafs
-
-    fs, inner_src = pafs.FileSystem.from_uri(src)
-    fs.move(inner_src, pafs.FileSystem.from_uri(dest)[1])
+    fs, inner_src = filesystem_for(src)
+    fs.move(inner_src, filesystem_for(dest)[1])
 
 
 def _remove(path: str) -> None:
     if not _is_uri(path):
         os.unlink(path)
         return
-    import pyarrow.fs as pafs
-
-    fs, inner = pafs.FileSystem.from_uri(path)
+    fs, inner = filesystem_for(path)
     fs.delete_file(inner)
 
 

@@ -42,10 +42,10 @@ def _is_uri(path: str) -> bool:
 
 
 def _filesystem(uri: str):
-    """``(pyarrow filesystem, path inside it)`` for a URI."""
-    import pyarrow.fs as pafs
+    """``(pyarrow filesystem, path inside it)`` for a URI (:mod:`infeed.tfrecord.filesystems`)."""
+    from infeed.tfrecord.filesystems import filesystem_for
 
-    return pafs.FileSystem.from_uri(uri)
+    return filesystem_for(uri)
 
 
 def _retrying(call, uri: str, what: str):
@@ -226,9 +226,7 @@ def open_output(path: str):
     path = path_str(path)
     if not _is_uri(path):
         return open(path, "wb")
-    import pyarrow.fs as pafs
-
-    fs, inner = pafs.FileSystem.from_uri(path)
+    fs, inner = _filesystem(path)
     return fs.open_output_stream(inner, compression=None)
 
 

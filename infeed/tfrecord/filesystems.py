@@ -1,0 +1,234 @@
+"""Which ``pyarrow.fs`` filesystem opens a URI, by the conventions the users' other tools already follow.
+
+In order:
+
+1. **A filesystem registered** for the URI's bucket or scheme (:func:`register_filesystem`: the longest
+   registered prefix of the URI wins), for what a URI cannot carry: credentials, endpoints, retry limits,
+   a filesystem of your own. It is registered as what builds it (a kind and its keyword arguments, or a
+   ``"module:function"`` factory), never as an object: the registry goes to the daemon's worker processes as
+   JSON on their standard input, as the :class:`~infeed.Dataset` does, and each builds its own.
+2. **``gs://`` and ``gcs://``**: the URI's query (``scheme``, ``endpoint_override``, ``retry_limit_seconds``,
+   as pyarrow reads them, and ``anonymous``, ``project_id``, ``default_bucket_location``), and
+   ``STORAGE_EMULATOR_HOST`` (``host:port`` or ``http://host:port``), which Google's own clients honour:
+   where it is set and the query names no endpoint, the emulator is used, anonymously.
+3. **Anything else** as ``pyarrow.fs.FileSystem.from_uri`` reads it: ``s3://`` with the AWS environment
+   (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID`` ...: the AWS SDK's own) and its query
+   (``?endpoint_override=host:port&scheme=http&region=...``), ``hdfs://``, ``file://``.
+
+>>> register_filesystem("s3://example-bucket", "s3", endpoint_override="127.0.0.1:9000", scheme="http",
+...                     region="us-east-1", access_key="key", secret_key="secret", retry_max_attempts=3)
+>>> fs, inner = filesystem_for("s3://example-bucket/train/part-0.tfrecord")
+>>> type(fs).__name__, inner
+('S3FileSystem', 'example-bucket/train/part-0.tfrecord')
+>>> unregister_filesystem("s3://example-bucket")
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import json
+import os
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+
+from infeed.errors import FileSystemConfigError
+from infeed.tfrecord.files import split_query
+
+__all__ = ["filesystem_for", "register_filesystem", "registered_filesystems", "restore_registered_filesystems",
+           "unregister_filesystem"]
+
+#: The GCS options a gs:// URI's query may give (pyarrow's three, and the ones it cannot say).
+GCS_QUERY_OPTIONS = ("scheme", "endpoint_override", "retry_limit_seconds", "anonymous", "project_id",
+                     "default_bucket_location")
+
+_TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
+
+
+def _s3(options: dict):
+    import pyarrow.fs as pafs
+
+    options = dict(options)
+    if "retry_max_attempts" in options:          # pyarrow takes a strategy object: JSON carries the number
+        options["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=int(options.pop("retry_max_attempts")))
+    return pafs.S3FileSystem(**options)
+
+
+def _gcs(options: dict):
+    import pyarrow.fs as pafs
+
+    options = dict(options)
+    if "retry_limit_seconds" in options:         # pyarrow takes a timedelta: JSON carries the seconds
+        options["retry_time_limit"] = datetime.timedelta(seconds=float(options.pop("retry_limit_seconds")))
+    return pafs.GcsFileSystem(**options)
+
+
+def _hdfs(options: dict):
+    import pyarrow.fs as pafs
+
+    return pafs.HadoopFileSystem(**options)
+
+
+#: The kinds :func:`register_filesystem` builds, by name, from JSON-able keyword arguments.
+KINDS = {"s3": _s3, "gcs": _gcs, "hdfs": _hdfs}
+
+
+@dataclass
+class _Entry:
+    prefix: str
+    kind: str | None
+    factory: str | None
+    options: dict
+    built: object = field(default=None, repr=False)
+
+    def to_json(self) -> dict:
+        return {"prefix": self.prefix, "kind": self.kind, "factory": self.factory, "options": self.options}
+
+    def filesystem(self):
+        if self.built is None:
+            self.built = _build(self.prefix, self.kind, self.factory, self.options)
+        return self.built
+
+
+_registry: dict[str, _Entry] = {}
+_lock = threading.Lock()
+
+
+def _normalise_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str) or "://" not in prefix or "?" in prefix:
+        raise FileSystemConfigError(prefix, "a prefix is a URI's scheme or location without a query, such as "
+                                            "'s3://' or 'gs://bucket/data/'")
+    scheme, rest = prefix.split("://", 1)
+    return f"{scheme.lower()}://{rest}"
+
+
+def _build(prefix: str, kind: str | None, factory: str | None, options: dict):
+    import pyarrow.fs as pafs
+
+    try:
+        if factory is not None:
+            module, _, name = factory.partition(":")
+            fs = getattr(importlib.import_module(module), name)(**options)
+            if not isinstance(fs, pafs.FileSystem):
+                fs = pafs.PyFileSystem(pafs.FSSpecHandler(fs))        # an fsspec filesystem
+        else:
+            fs = KINDS[kind](options)
+    except FileSystemConfigError:
+        raise
+    except Exception as e:
+        what = f"factory {factory!r}" if factory is not None else f"{kind} with {sorted(options)}"
+        raise FileSystemConfigError(prefix, f"building its filesystem ({what}) failed: {type(e).__name__}: {e}") \
+            from e
+    return fs
+
+
+def register_filesystem(prefix: str, kind: str | None = None, /, *, factory: str | None = None, **options) -> None:
+    """Opens every URI that starts with ``prefix`` (``"s3://"``, ``"gs://bucket"``, ``"s3://bucket/data/"``)
+    with the filesystem built from ``kind`` and ``options``, in this process and in the daemon's workers it
+    starts from now on.
+
+    ``kind``: ``"s3"`` (``pyarrow.fs.S3FileSystem(**options)``; ``retry_max_attempts=N`` for its retry
+    strategy), ``"gcs"`` (``pyarrow.fs.GcsFileSystem(**options)``; ``retry_limit_seconds=S``) or ``"hdfs"``.
+    ``factory``: instead of a kind, ``"module:function"``, called with ``options`` in each process to make
+    the filesystem (a ``pyarrow.fs.FileSystem``, or an fsspec one, wrapped). ``options`` must be JSON
+    (they travel to the workers so); credentials among them stay in memory and on the workers' pipes, never
+    on disk. The filesystem is built once here at once, so a wrong option fails now:
+    :class:`~infeed.errors.FileSystemConfigError`, naming the prefix. Registering a prefix again replaces it.
+    """
+    prefix = _normalise_prefix(prefix)
+    if (kind is None) == (factory is None):
+        raise FileSystemConfigError(prefix, f"give exactly one of a kind ({', '.join(KINDS)}) and a factory "
+                                            "('module:function')")
+    if kind is not None and kind not in KINDS:
+        raise FileSystemConfigError(prefix, f"unknown kind {kind!r}: one of {', '.join(KINDS)}, or a factory")
+    if factory is not None and (not isinstance(factory, str) or ":" not in factory):
+        raise FileSystemConfigError(prefix, f"a factory is 'module:function', got {factory!r}")
+    try:
+        same = json.loads(json.dumps(options, allow_nan=False)) == options
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise FileSystemConfigError(prefix, "options must be JSON (str keys; numbers, strings, booleans, lists): "
+                                            "they are sent to the worker processes")
+    entry = _Entry(prefix, kind, factory, options)
+    entry.filesystem()
+    with _lock:
+        _registry[prefix] = entry
+
+
+def unregister_filesystem(prefix: str) -> None:
+    """Forgets what :func:`register_filesystem` registered for ``prefix`` (nothing when it registered nothing)."""
+    with _lock:
+        _registry.pop(_normalise_prefix(prefix), None)
+
+
+def registered_filesystems() -> list[dict]:
+    """The registry as JSON, for :func:`restore_registered_filesystems` in a worker process."""
+    with _lock:
+        return [entry.to_json() for entry in _registry.values()]
+
+
+def restore_registered_filesystems(entries: list[dict]) -> None:
+    """Registers what :func:`registered_filesystems` gave in another process; each filesystem is built at its
+    first use here."""
+    with _lock:
+        for item in entries:
+            _registry[item["prefix"]] = _Entry(item["prefix"], item["kind"], item["factory"], item["options"])
+
+
+def _registered_for(location: str) -> _Entry | None:
+    scheme, rest = location.split("://", 1)
+    key = f"{scheme.lower()}://{rest}"
+    with _lock:
+        matches = [entry for prefix, entry in _registry.items() if key.startswith(prefix)]
+    return max(matches, key=lambda entry: len(entry.prefix), default=None)
+
+
+def _flag(uri: str, name: str, value: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise FileSystemConfigError(uri, f"{name}={value!r} in the query: true or false")
+
+
+def _gcs_options(uri: str, query: str) -> dict:
+    """GcsFileSystem's options from a gs:// URI's query and STORAGE_EMULATOR_HOST."""
+    options: dict = {}
+    for name, value in urllib.parse.parse_qsl(query.lstrip("?"), keep_blank_values=True):
+        if name not in GCS_QUERY_OPTIONS:
+            raise FileSystemConfigError(uri, f"unknown option {name!r} in the query: a gs:// URI takes "
+                                             f"{', '.join(GCS_QUERY_OPTIONS)}")
+        options[name] = _flag(uri, name, value) if name == "anonymous" else value
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    if emulator and "endpoint_override" not in options:
+        scheme, _, host = emulator.rpartition("://")
+        options.setdefault("scheme", scheme or "http")
+        options["endpoint_override"] = host.rstrip("/")
+        options.setdefault("anonymous", True)               # an emulator takes no credentials, as Google's clients
+    return options
+
+
+_gcs_cache: dict[tuple, object] = {}
+
+
+def filesystem_for(uri: str):
+    """``(pyarrow filesystem, path inside it)`` for ``uri``, by the rules of this module's docstring.
+
+    Raises :class:`~infeed.errors.FileSystemConfigError` naming the URI for a query it cannot take."""
+    location, query = split_query(uri)
+    entry = _registered_for(location)
+    if entry is not None:
+        return entry.filesystem(), location.split("://", 1)[1]
+    scheme = location.split("://", 1)[0].lower()
+    if scheme in ("gs", "gcs"):
+        options = _gcs_options(uri, query)
+        key = tuple(sorted(options.items()))
+        fs = _gcs_cache.get(key)
+        if fs is None:
+            fs = _gcs_cache[key] = _build(f"{scheme}://", "gcs", None, options)
+        return fs, location.split("://", 1)[1]
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(uri)
