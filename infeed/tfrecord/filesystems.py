@@ -8,7 +8,8 @@ In order:
    ``"module:function"`` factory), never as an object: the registry goes to the daemon's worker processes as
    JSON on their standard input, as the :class:`~infeed.Dataset` does, and each builds its own.
 2. **``gs://`` and ``gcs://``**: the URI's query (``scheme``, ``endpoint_override``, ``retry_limit_seconds``,
-   as pyarrow reads them, and ``anonymous``, ``project_id``, ``default_bucket_location``), and
+   as pyarrow reads them, and ``anonymous``, ``project_id``, ``default_bucket_location``; or pyarrow's
+   ``gs://anonymous@bucket/...``), and
    ``STORAGE_EMULATOR_HOST`` (``host:port`` or ``http://host:port``), which Google's own clients honour:
    where it is set and the query names no endpoint, the emulator is used, anonymously.
 3. **Anything else** as ``pyarrow.fs.FileSystem.from_uri`` reads it: ``s3://`` with the AWS environment
@@ -221,14 +222,21 @@ def filesystem_for(uri: str):
     entry = _registered_for(location)
     if entry is not None:
         return entry.filesystem(), location.split("://", 1)[1]
-    scheme = location.split("://", 1)[0].lower()
-    if scheme in ("gs", "gcs"):
+    scheme, rest = location.split("://", 1)
+    if scheme.lower() in ("gs", "gcs"):
+        user, _, inner = rest.rpartition("@") if "@" in rest.partition("/")[0] else ("", "", rest)
+        if user not in ("", "anonymous"):
+            raise FileSystemConfigError(uri, "the only user a gs:// URI may name is 'anonymous' (gs://anonymous@bucket/"
+                                             "...): credentials come from Google's usual places or a registered "
+                                             "filesystem")
         options = _gcs_options(uri, query)
+        if user:
+            options["anonymous"] = True
         key = tuple(sorted(options.items()))
         fs = _gcs_cache.get(key)
         if fs is None:
             fs = _gcs_cache[key] = _build(f"{scheme}://", "gcs", None, options)
-        return fs, location.split("://", 1)[1]
+        return fs, inner
     import pyarrow.fs as pafs
 
     return pafs.FileSystem.from_uri(uri)

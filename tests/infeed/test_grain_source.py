@@ -153,6 +153,10 @@ def test_a_sidecar_that_changed_after_pickling_is_an_index_file_error(two_files)
         again[300]
 
 
+# The fork is the point (Grain's fork-started workers): the warnings Python 3.12+ and JAX give for a fork of a
+# multi-threaded process are expected here, and the child only reads a file and exits.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning",
+                            "ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_a_forked_child_reads_with_its_own_descriptors(two_files):
     source = TFRecordSource(two_files)
     want = source[400]
