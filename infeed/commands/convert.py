@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from infeed.commands.arguments import positive_int
-from infeed.errors import ColumnError, ConvertError
+from infeed.errors import ColumnError, ConvertError, FileSystemConfigError
 from infeed.example.arrow import ColumnPlan, encode_batch, plan_columns
 from infeed.tfrecord.files import split_query, with_suffix
 from infeed.tfrecord.filesystems import filesystem_for
@@ -211,8 +211,8 @@ def _filesystem(path: str):
     if "://" in path:
         try:
             return filesystem_for(path)
-        except (pa.ArrowException, ValueError) as e:
-            raise ConvertError(f"{path}: cannot open this URI: {e}") from None
+        except FileSystemConfigError as e:
+            raise ConvertError(str(e)) from None
     return pafs.LocalFileSystem(), os.path.abspath(path)
 
 

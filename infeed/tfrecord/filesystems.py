@@ -239,4 +239,7 @@ def filesystem_for(uri: str):
         return fs, inner
     import pyarrow.fs as pafs
 
-    return pafs.FileSystem.from_uri(uri)
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except ValueError as e:                  # pyarrow.ArrowInvalid: an unknown scheme, an option its query cannot take
+        raise FileSystemConfigError(uri, f"pyarrow cannot open this URI: {e}") from None

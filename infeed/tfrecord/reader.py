@@ -33,6 +33,10 @@ REMOTE_RETRY_WAIT_S = 0.25
 
 #: OSErrors that no retry cures: raised at the first attempt.
 _PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+#: What pyarrow's S3 (the AWS SDK's error names) and GCS (google-cloud-cpp's status codes) clients say when the store
+#: refused the request as made by whoever made it: no retry cures that either.
+_REFUSALS = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "PERMISSION_DENIED",
+             "UNAUTHENTICATED")
 
 _log = logging.getLogger("infeed")
 
@@ -58,6 +62,9 @@ def _retrying(call, uri: str, what: str):
         except _PERMANENT_ERRORS:
             raise
         except OSError as e:
+            if any(refusal in str(e) for refusal in _REFUSALS):
+                raise PermissionError(errno.EACCES, f"{e} ({what}; refused, not retried: check the credentials "
+                                                    f"and the bucket's permissions)") from e
             if attempt == REMOTE_ATTEMPTS:
                 reason = f"{e.strerror or e or type(e).__name__} ({what}; gave up after {attempt} attempts)"
                 raise (OSError(e.errno, reason) if e.errno else OSError(reason)) from e

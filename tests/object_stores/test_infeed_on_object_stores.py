@@ -5,6 +5,7 @@ environment (``AWS_ENDPOINT_URL``, keys, region) or with the endpoint in the URI
 from ``Daemon.state()``, and a missing object or bucket named by its URI."""
 
 import json
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -148,3 +149,43 @@ def test_a_bucket_registered_with_its_options_reaches_the_workers_without_any_en
         assert sorted(labels_of(ds)[0]) == list(range(120))
     finally:
         unregister_filesystem(f"s3://{s3_server.bucket}")
+
+
+def test_refused_credentials_are_a_permission_error_at_once_naming_the_object(s3_server, monkeypatch, request,
+                                                                               caplog):
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    folder = f"s3://{s3_server.bucket}/refused/{request.node.name}"
+    (path,) = write_shards(folder, count=1)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(PermissionError, match="ACCESS_DENIED.*refused, not retried") as refused:
+        list(infeed.read_records(path))
+    assert refused.value.filename == path and path in str(refused.value)
+    assert "attempt 2 of" not in caplog.text                     # no retry of what no retry cures
+
+
+def test_an_s3_query_option_pyarrow_does_not_take_is_a_config_error_naming_the_uri(s3_server):
+    uri = f"s3://{s3_server.bucket}/x.tfrecord?regoin=us-east-1"
+    with pytest.raises(infeed.FileSystemConfigError, match=r"x.tfrecord\?regoin=us-east-1: pyarrow cannot open .*regoin"):
+        list(infeed.read_records(uri))
+
+
+def test_the_server_killed_and_restarted_mid_epoch_loses_and_repeats_no_record(store, folder):
+    """Indexed reads fetch each batch's records when the batch is built: with two slots, most of the epoch is read
+    after the kill. The reads retry (pyarrow's client, then infeed's REMOTE_ATTEMPTS) until the server is back."""
+    records = [infeed.encode_example({"x": [float(i)] * 3, "label": [i]}) for i in range(400)]
+    paths = write_shards(folder, count=2, records=records)
+    assert main(["index", *paths]) == 0
+    ds = infeed.Dataset(f"{folder}/part-*.tfrecord", SPEC, batch_size=8, shuffle="global", seed=5)
+    want, _ = labels_of(ds)
+    got = []
+    with infeed.Daemon(ds, num_workers=2, slots=2, lock_memory=False, timeout=120) as feed:
+        for k, batch in enumerate(feed):
+            got.append(np.array(batch["label"]))
+            if k == 3:
+                store.kill()
+                try:
+                    time.sleep(0.5)
+                finally:
+                    store.restart()
+    assert np.concatenate(got).tolist() == want
