@@ -12,6 +12,10 @@ In order:
    ``gs://anonymous@bucket/...``), and
    ``STORAGE_EMULATOR_HOST`` (``host:port`` or ``http://host:port``), which Google's own clients honour:
    where it is set and the query names no endpoint, the emulator is used, anonymously.
+   Otherwise Google's default credentials, where there are some to find (``GOOGLE_APPLICATION_CREDENTIALS``,
+   gcloud's application default credentials, a Compute Engine machine's metadata server); where there are
+   none, :class:`~infeed.errors.FileSystemConfigError` at once, naming what was looked for, instead of the
+   metadata server's lookup, which off Google Cloud waits 30 s and more before it fails.
 3. **Anything else** as ``pyarrow.fs.FileSystem.from_uri`` reads it: ``s3://`` with the AWS environment
    (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID`` ...: the AWS SDK's own) and its query
    (``?endpoint_override=host:port&scheme=http&region=...``), ``hdfs://``, ``file://``.
@@ -211,6 +215,43 @@ def _gcs_options(uri: str, query: str) -> dict:
     return options
 
 
+#: Where Linux tells the machine's maker: "Google Compute Engine" on GCE, GKE and Cloud TPU VMs (as google-auth reads it).
+GCE_PRODUCT_NAME_FILE = "/sys/class/dmi/id/product_name"
+
+
+def _google_credentials_source() -> str | None:
+    """Where Google's default credentials would come from here, or None when there is nowhere: looked up without
+    a request (the metadata server's lookup, off Google Cloud, waits 30 s and more before it fails)."""
+    explicit = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if explicit:
+        return f"GOOGLE_APPLICATION_CREDENTIALS ({explicit})"
+    config = os.environ.get("CLOUDSDK_CONFIG") or os.path.join(os.path.expanduser("~"), ".config", "gcloud")
+    adc = os.path.join(config, "application_default_credentials.json")
+    if os.path.isfile(adc):
+        return f"gcloud's application default credentials ({adc})"
+    for name in ("GCE_METADATA_HOST", "GCE_METADATA_ROOT"):
+        if os.environ.get(name):
+            return f"the metadata server at {name}={os.environ[name]}"
+    try:
+        with open(GCE_PRODUCT_NAME_FILE) as f:
+            if f.read().strip().startswith("Google"):
+                return "the Compute Engine metadata server"
+    except OSError:
+        pass
+    return None
+
+
+def _check_google_credentials(uri: str) -> None:
+    if _google_credentials_source() is None:
+        config = os.environ.get("CLOUDSDK_CONFIG") or "~/.config/gcloud"
+        raise FileSystemConfigError(uri, "no Google credentials to be found: GOOGLE_APPLICATION_CREDENTIALS is unset, "
+                                         f"{config}/application_default_credentials.json does not exist, and this is "
+                                         "no Compute Engine machine (GCE_METADATA_HOST unset). Set one of them "
+                                         "(gcloud auth application-default login), STORAGE_EMULATOR_HOST for an "
+                                         "emulator, gs://anonymous@bucket/... for a public bucket, or register "
+                                         "a filesystem (infeed.register_filesystem)")
+
+
 _gcs_cache: dict[tuple, object] = {}
 
 
@@ -232,6 +273,8 @@ def filesystem_for(uri: str):
         options = _gcs_options(uri, query)
         if user:
             options["anonymous"] = True
+        if not options.get("anonymous") and "access_token" not in options:
+            _check_google_credentials(uri)
         key = tuple(sorted(options.items()))
         fs = _gcs_cache.get(key)
         if fs is None:

@@ -3,6 +3,7 @@ the daemon's workers too), gs:// options from the query and STORAGE_EMULATOR_HOS
 URI. The servers themselves are in tests/object_stores; here a factory maps a bucket onto a local folder."""
 
 import os
+import time
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -10,6 +11,7 @@ import pytest
 
 import infeed
 from infeed.errors import FileSystemConfigError
+from infeed.tfrecord import filesystems
 from infeed.tfrecord.filesystems import (filesystem_for, register_filesystem, registered_filesystems,
                                          restore_registered_filesystems, unregister_filesystem)
 from tfrecord_files import write_records
@@ -116,3 +118,37 @@ def test_storage_emulator_host_and_an_anonymous_query_make_a_gcs_filesystem_that
     fs2, _ = filesystem_for("gs://bucket/k?anonymous=true&scheme=http&endpoint_override=127.0.0.1:9"
                             "&retry_limit_seconds=1")
     assert isinstance(fs2, pafs.GcsFileSystem) and fs2 is not fs
+
+
+@pytest.fixture
+def nowhere_to_find_google_credentials(monkeypatch, tmp_path):
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "GCE_METADATA_HOST", "GCE_METADATA_ROOT",
+                 "STORAGE_EMULATOR_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(filesystems, "GCE_PRODUCT_NAME_FILE", str(tmp_path / "product_name"))
+    return tmp_path
+
+
+def test_gs_without_any_credentials_to_find_fails_at_once_naming_where_it_looked(nowhere_to_find_google_credentials):
+    started = time.monotonic()
+    with pytest.raises(FileSystemConfigError, match=r"gs://bucket/train.tfrecord: no Google credentials to be found: "
+                                                     r"GOOGLE_APPLICATION_CREDENTIALS is unset, .*gcloud"
+                                                     r"/application_default_credentials.json does not exist"):
+        list(infeed.read_records("gs://bucket/train.tfrecord"))
+    assert time.monotonic() - started < 5                       # not the metadata server's 30 s and more
+    assert isinstance(filesystem_for("gs://anonymous@bucket/x")[0], pafs.GcsFileSystem)    # asks for none
+
+
+@pytest.mark.parametrize("where", ["GOOGLE_APPLICATION_CREDENTIALS", "gcloud", "GCE_METADATA_HOST", "gce"])
+def test_each_place_google_credentials_come_from_lets_gs_through(nowhere_to_find_google_credentials, monkeypatch,
+                                                                 where):
+    home = nowhere_to_find_google_credentials
+    if where == "gcloud":
+        (home / ".config" / "gcloud").mkdir(parents=True)
+        (home / ".config" / "gcloud" / "application_default_credentials.json").write_text("{}")
+    elif where == "gce":
+        (home / "product_name").write_text("Google Compute Engine\n")
+    else:
+        monkeypatch.setenv(where, str(home / "key.json") if where.startswith("GOOGLE") else "127.0.0.1:9")
+    assert filesystems._google_credentials_source() is not None
