@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import errno
 import logging
 import operator
 import os
 import stat
+import threading
 import time
 import zlib
 
@@ -30,6 +33,13 @@ _EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zlib": "ZLIB", ".zz": "ZLIB"}
 #: is raised; and the wait before the second attempt, doubled before each further one.
 REMOTE_ATTEMPTS = 4
 REMOTE_RETRY_WAIT_S = 0.25
+
+#: Reading a remote file front to back (read_records, the daemon's streamed reads): ranges of READ_AHEAD_BYTES,
+#: up to READ_AHEAD_RANGES of them requested ahead of the reader, on a pool of READ_AHEAD_THREADS threads a
+#: process. Memory: READ_AHEAD_RANGES * READ_AHEAD_BYTES an open file, beside the reader's own buffer.
+READ_AHEAD_BYTES = 4 << 20
+READ_AHEAD_RANGES = 3
+READ_AHEAD_THREADS = 16
 
 #: OSErrors that no retry cures: raised at the first attempt.
 _PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
@@ -75,55 +85,60 @@ def _retrying(call, uri: str, what: str):
 
 
 class _RemoteInput:
-    """A remote file read front to back that survives transient failures: a failed read is
-    retried (``_retrying``) on the file opened afresh at the offset reached."""
+    """A remote file read front to back, with ranges requested ahead of the reader: up to ``READ_AHEAD_RANGES``
+    reads of ``READ_AHEAD_BYTES`` each in flight at once (on a shared pool of threads), so that a store's time to
+    first byte (tens of milliseconds a request) is spent while the records already read are decoded. Memory:
+    at most ``READ_AHEAD_RANGES * READ_AHEAD_BYTES`` per open file. Each range read is retried as
+    :meth:`_ArrowRandomAccess.read_at`'s are; a failure is raised when the reader reaches that range."""
 
-    def __init__(self, fs, inner: str, uri: str):
-        self._fs = fs
-        self._inner = inner
-        self._uri = uri
-        self._pos = 0
-        self._file = None
+    def __init__(self, fs, inner: str, uri: str, size: int):
+        self._file = _ArrowRandomAccess(fs, inner, uri)
+        self._size = size if size >= 0 else None          # None: read until a range comes back short
+        self._requested = 0                               # the offset of the next range to request
+        self._pending: collections.deque = collections.deque()
+        self._chunk = memoryview(b"")
 
-    def _call(self, method: str, arg):
-        def attempt():
-            if self._file is None:
-                f = self._fs.open_input_file(self._inner)
-                try:
-                    f.seek(self._pos)
-                except BaseException:
-                    f.close()
-                    raise
-                self._file = f
-            try:
-                return getattr(self._file, method)(arg)
-            except OSError:
-                self._drop()          # a stream after an error is in no known state: reopen it
-                raise
-        return _retrying(attempt, self._uri, f"read at byte {self._pos}")
+    def _request_ahead(self) -> None:
+        while len(self._pending) < READ_AHEAD_RANGES and (self._size is None or self._requested < self._size):
+            n = READ_AHEAD_BYTES if self._size is None else min(READ_AHEAD_BYTES, self._size - self._requested)
+            self._pending.append((self._requested, n, _read_ahead_pool().submit(self._file.read_at, self._requested, n)))
+            self._requested += n
 
     def readinto(self, view) -> int:
-        got = self._call("readinto", view) or 0
-        self._pos += got
-        return got
+        if not self._chunk:
+            self._request_ahead()
+            if not self._pending:
+                return 0
+            offset, n, future = self._pending.popleft()
+            data = future.result()
+            if len(data) < n:                    # the end of a file whose size was not known
+                self._size = self._requested = offset + len(data)
+                self._cancel_pending()
+            self._chunk = memoryview(data)
+            self._request_ahead()
+        n = min(len(view), len(self._chunk))
+        view[:n] = self._chunk[:n]
+        self._chunk = self._chunk[n:]
+        return n
 
     def read(self, n: int = -1) -> bytes:
-        data = self._call("read", n if n >= 0 else None)
-        self._pos += len(data)
-        return data
+        out = bytearray()
+        while n < 0 or len(out) < n:
+            piece = bytearray(READ_AHEAD_BYTES if n < 0 else n - len(out))
+            got = self.readinto(memoryview(piece))
+            if not got:
+                break
+            out += piece[:got]
+        return bytes(out)
 
-    def _drop(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            try:
-                f.close()
-            except OSError:
-                pass              # closing a broken connection may fail too; the retry opens anew
+    def _cancel_pending(self) -> None:
+        while self._pending:
+            self._pending.pop()[2].cancel()       # one already running finishes; its bytes are dropped
 
     def close(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            f.close()
+        self._cancel_pending()
+        self._chunk = memoryview(b"")
+        self._file.close()
 
     def __enter__(self):
         return self
@@ -132,10 +147,26 @@ class _RemoteInput:
         self.close()
 
 
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _read_ahead_pool():
+    """The process's threads for remote reads ahead (made at the first remote file; each waits on the network with
+    the GIL released)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=READ_AHEAD_THREADS,
+                                                          thread_name_prefix="infeed-read-ahead")
+        return _pool
+
+
 def open_input(path: str):
     """A binary input stream and its size in bytes (-1 when unknown) for a path or URI.
 
-    A URI's file is read with bounded retries (REMOTE_ATTEMPTS) of each failed open or read."""
+    A URI's file is read with bounded retries (REMOTE_ATTEMPTS) of each failed open or read, and ranges
+    requested ahead of the reader (READ_AHEAD_RANGES of READ_AHEAD_BYTES)."""
     path = path_str(path)
     if not _is_uri(path):
         f = open(path, "rb", buffering=0)
@@ -150,16 +181,12 @@ def open_input(path: str):
         raise _tfrecord.located_io_error(e, path, 0, 0) from e
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(errno.ENOENT, "no such file", path)
-    stream = _RemoteInput(fs, inner, path)
+    size = info.size if info.size is not None else -1
     try:
-        stream.read(0)            # open it now: a failure to open is raised here, not at the first record
+        stream = _RemoteInput(fs, inner, path, size)    # opened now: a failure to open is raised here
     except OSError as e:
-        stream.close()
         raise _tfrecord.located_io_error(e, path, 0, 0) from e
-    except BaseException:
-        stream.close()
-        raise
-    return stream, (info.size if info.size is not None else -1)
+    return stream, size
 
 
 def _located(error: OSError, path: str, offset: int, n: int) -> OSError:
@@ -184,27 +211,43 @@ class _LocalRandomAccess:
 
 
 class _ArrowRandomAccess:
-    """Reads at offsets of a remote file, each failed read retried on the file opened afresh."""
+    """Reads at offsets of a remote file, each failed read retried on the file opened afresh; safe to call from
+    several threads at once (pyarrow's files read at offsets concurrently)."""
 
     def __init__(self, fs, inner: str, uri: str):
         self._fs = fs
         self._inner = inner
         self._uri = uri
+        self._lock = threading.Lock()
+        self._closed = False
         self._file = _retrying(lambda: fs.open_input_file(inner), uri, "opening the file")
+
+    def _opened(self):
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"{self._uri}: read after close")
+            if self._file is None:
+                self._file = self._fs.open_input_file(self._inner)
+            return self._file
+
+    def _drop(self, f) -> None:
+        with self._lock:
+            if self._file is not f:
+                return                                  # another thread dropped it already
+            self._file = None
+        try:
+            f.close()
+        except OSError:
+            pass                    # closing a broken connection may fail too; the retry opens anew
 
     def read_at(self, offset: int, n: int) -> bytes:
         def attempt():
-            if self._file is None:
-                self._file = self._fs.open_input_file(self._inner)
+            f = self._opened()
             try:
-                data = self._file.read_at(n, offset)        # bytes from pyarrow's files, a Buffer from some
+                data = f.read_at(n, offset)        # bytes from pyarrow's files, a Buffer from some
                 return data if isinstance(data, bytes) else data.to_pybytes()
             except OSError:
-                f, self._file = self._file, None
-                try:
-                    f.close()
-                except OSError:
-                    pass
+                self._drop(f)        # a file after an error is in no known state: reopen it
                 raise
         try:
             return _retrying(attempt, self._uri, f"read at byte {offset}")
@@ -212,7 +255,8 @@ class _ArrowRandomAccess:
             raise _located(e, self._uri, offset, n) from e
 
     def close(self) -> None:
-        f, self._file = self._file, None
+        with self._lock:
+            f, self._file, self._closed = self._file, None, True
         if f is not None:
             f.close()
 

@@ -481,6 +481,58 @@ def test_random_access_reads_retry_then_name_the_file_and_offset(flaky_remote):
     f.close()
 
 
+class SlowStore:
+    """A remote filesystem whose reads each take ``delay`` seconds (a store's time to first byte); records the
+    ranges read and the most reads in flight at once. ``size_known=False``: get_file_info gives no size."""
+
+    def __init__(self, data: bytes, delay: float = 0.02, size_known: bool = True):
+        import threading
+
+        self.data, self.delay, self.size_known = data, delay, size_known
+        self.ranges, self.in_flight, self.most_in_flight = [], 0, 0
+        self.lock = threading.Lock()
+
+    def get_file_info(self, inner):
+        import pyarrow.fs as pafs
+
+        return pafs.FileInfo(inner, pafs.FileType.File, size=len(self.data) if self.size_known else None)
+
+    def open_input_file(self, inner):
+        store = self
+
+        class File:
+            def read_at(self, n, offset):
+                with store.lock:
+                    store.in_flight += 1
+                    store.most_in_flight = max(store.most_in_flight, store.in_flight)
+                    store.ranges.append((offset, n))
+                time.sleep(store.delay)
+                with store.lock:
+                    store.in_flight -= 1
+                return store.data[offset:offset + n]
+
+            def close(self):
+                pass
+        return File()
+
+
+@pytest.mark.parametrize("size_known", [True, False])
+def test_a_remote_file_is_read_in_ranges_requested_ahead_of_the_reader(monkeypatch, size_known):
+    records = [bytes([k % 251]) * (100 + 37 * k) for k in range(300)]
+    data = b"".join(_tfrecord.frame(r) for r in records)
+    store = SlowStore(data, size_known=size_known)
+    monkeypatch.setattr(reader, "_filesystem", lambda uri: (store, uri.split("://", 1)[1]))
+    monkeypatch.setattr(reader, "READ_AHEAD_BYTES", 16 << 10)
+    assert list(infeed.read_records("mock://bucket/big.tfrecord", buffer_size=4096)) == records
+    ranges = sorted(store.ranges)
+    assert [offset for offset, _ in ranges] == list(range(0, ranges[-1][0] + 1, 16 << 10))     # each range once
+    if size_known:
+        assert [n for _, n in ranges] == [16 << 10] * (len(ranges) - 1) + [len(data) - ranges[-1][0]]
+    else:                             # whole ranges until one comes back short (and at most the ones in flight)
+        assert {n for _, n in ranges} == {16 << 10} and ranges[-1][0] < len(data) + (16 << 10) * reader.READ_AHEAD_RANGES
+    assert store.most_in_flight == reader.READ_AHEAD_RANGES       # ahead of the reader, and no further
+
+
 # --- the decoder ------------------------------------------------------------------------------------
 
 def _varint(value):
