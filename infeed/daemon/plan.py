@@ -13,13 +13,14 @@ into the ring slot, with no bytes object in between.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import read_indexed
+from infeed.tfrecord.index import indexed_runs, unframe_runs
 
 count_read = _tfrecord.count_read
 
@@ -355,29 +356,60 @@ def epoch_order(ds, epoch: int, counts: list[int]) -> np.ndarray:
     return stream
 
 
+#: Owned batches whose records an indexed worker reads ahead of the one it decodes, where the files are remote.
+INDEXED_BATCHES_AHEAD = 1
+
+
 class IndexedFiles:
     """Reads records of an epoch's files by their indexes' offsets (records adjacent in a file with one read),
-    checking both CRCs of each, one open file per path; the reads count as the stage ``read``."""
+    checking both CRCs of each, one open file per path. Remote files (URIs) are read with a batch's reads in
+    flight at once (on the reader's pool of threads) and started before they are needed (:meth:`start`, then
+    :meth:`finish`); the time the worker waits for them, and their bytes, count as the stage ``read``."""
 
     def __init__(self, paths: list, indexes: list):
         self._paths, self._indexes = paths, indexes
+        self._remote = any("://" in path for path in paths)
         self._open: dict = {}
 
-    def read(self, files: np.ndarray, records: np.ndarray) -> list:
-        """The data of record ``records[i]`` of file ``files[i]`` (positions in ``paths``), in that order, as
-        memoryviews into the reads (the decoder takes any buffer)."""
-        return read_indexed(self._read_at, self._paths, self._indexes.__getitem__, files, records, views=True)
+    def start(self, files: np.ndarray, records: np.ndarray):
+        """Starts reading record ``records[i]`` of file ``files[i]`` (positions in ``paths``), where the files
+        are remote; :meth:`finish` gives the records."""
+        runs = indexed_runs(self._indexes.__getitem__, files, records)
+        if not self._remote:
+            return runs, None
+        from infeed.tfrecord.reader import read_ahead_pool
 
-    def _read_at(self, f: int, offset: int, size: int) -> bytes:
-        from infeed.tfrecord.reader import open_random_access
+        pool = read_ahead_pool()
+        return runs, [pool.submit(self._handle(run.file).read_at, run.base, run.size) for run in runs]
 
+    def finish(self, started) -> list:
+        """The records :meth:`start` began reading, in order, as memoryviews into the reads."""
+        runs, futures = started
         began = time.monotonic_ns()
+        if futures is None:
+            datas = [self._handle(run.file).read_at(run.base, run.size) for run in runs]
+        else:
+            datas = [future.result() for future in futures]
+        count_read(time.monotonic_ns() - began, sum(map(len, datas)))
+        return unframe_runs(runs, datas, self._paths, views=True)
+
+    @staticmethod
+    def cancel(started) -> None:
+        for future in started[1] or ():
+            future.cancel()
+
+    def read(self, files: np.ndarray, records: np.ndarray) -> list:
+        """The data of record ``records[i]`` of file ``files[i]``, in that order (memoryviews into the reads: the
+        decoder takes any buffer)."""
+        return self.finish(self.start(files, records))
+
+    def _handle(self, f: int):
         handle = self._open.get(f)
         if handle is None:
+            from infeed.tfrecord.reader import open_random_access
+
             handle = self._open[f] = open_random_access(self._paths[f])
-        data = handle.read_at(offset, size)
-        count_read(time.monotonic_ns() - began, len(data))
-        return data
+        return handle
 
     def close(self) -> None:
         for handle in self._open.values():
@@ -394,20 +426,31 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[Plann
     size = ds.batch_size
     batches = len(order) // size + (ds.final_batch == "pad" and len(order) % size > 0)
     files = IndexedFiles(paths, found)
+
+    def records_of(index: int):
+        chunk = order[index * size:(index + 1) * size]
+        file_of = np.searchsorted(starts, chunk, side="right") - 1
+        return chunk, file_of, chunk - starts[file_of]
+
+    ahead: dict = {}                          # owned batch -> its reads, started
     try:
         for index in range(first, batches):
-            chunk = order[index * size:(index + 1) * size]
             if not owned(index):
-                yield PlannedBatch(index, len(chunk), None, _no_origins)
+                yield PlannedBatch(index, len(order[index * size:(index + 1) * size]), None, _no_origins)
                 continue
-            file_of = np.searchsorted(starts, chunk, side="right") - 1
-            within = chunk - starts[file_of]
-            records = files.read(file_of, within)
+            later = (i for i in range(index, batches) if owned(i))
+            for i in itertools.islice(later, 1 + INDEXED_BATCHES_AHEAD):
+                if i not in ahead:
+                    ahead[i] = files.start(*records_of(i)[1:])
+            chunk, file_of, within = records_of(index)
+            records = files.finish(ahead.pop(index))
             ids = (lambda file_of=file_of, within=within:
                    [(epoch, ds.file_number(paths[f]), k) for f, k in zip(file_of.tolist(), within.tolist())])
             yield PlannedBatch(index, len(chunk), _parse_records(records, ids), _indexed_where(paths, found, file_of,
                                                                                                 within))
     finally:
+        for started in ahead.values():
+            files.cancel(started)
         files.close()
     return batches
 

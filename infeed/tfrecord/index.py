@@ -26,8 +26,8 @@ from infeed.tfrecord.files import path_str, split_query, with_suffix
 from infeed.tfrecord.filesystems import filesystem_for
 from infeed.tfrecord.reader import _EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output, read_records
 
-__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "RecordIndex", "build_index", "index_path", "is_index_file", "load_index",
-           "read_indexed", "write_index"]
+__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "IndexedRun", "RecordIndex", "build_index", "index_path", "indexed_runs",
+           "is_index_file", "load_index", "read_indexed", "unframe_runs", "write_index"]
 
 INDEX_SUFFIX = ".index"
 MAGIC = b"INFEEDIX"
@@ -216,6 +216,53 @@ def _lengths(offsets: np.ndarray, file_size: int) -> np.ndarray:
     return lengths
 
 
+class IndexedRun(NamedTuple):
+    """One read of :func:`indexed_runs`: ``size`` bytes at ``base`` of file ``file``, holding its records
+    ``first``, ``first + 1``, ... at ``offsets`` (``lengths`` long, framing aside)."""
+    file: int
+    first: int
+    base: int
+    size: int
+    offsets: np.ndarray
+    lengths: np.ndarray
+
+
+def indexed_runs(index_of: Callable[[int], RecordIndex], files, records,
+                 max_joined: int = MAX_JOINED_READ) -> list[IndexedRun]:
+    """The reads that fetch record ``records[i]`` of file ``files[i]``, in that order: records that follow each
+    other in a file and in ``records`` share a read of up to ``max_joined`` bytes (one record at least)."""
+    files, records = np.asarray(files, np.int64), np.asarray(records, np.int64)
+    n = len(records)
+    if n == 0:
+        return []
+    cuts = (np.flatnonzero((files[1:] != files[:-1]) | (records[1:] != records[:-1] + 1)) + 1).tolist()
+    runs = []
+    for a, b in zip([0, *cuts], [*cuts, n]):
+        f, k = int(files[a]), int(records[a])
+        index = index_of(f)
+        offsets, lengths = index.offsets[k:k + b - a], index.lengths[k:k + b - a]
+        ends = offsets + lengths + _FRAMING
+        first = 0
+        while first < b - a:
+            last = b - a if ends[-1] - offsets[first] <= max_joined else \
+                max(first + 1, int(np.searchsorted(ends, offsets[first] + max_joined, side="right")))
+            base = int(offsets[first])
+            runs.append(IndexedRun(f, k + first, base, int(ends[last - 1]) - base, offsets[first:last],
+                                   lengths[first:last]))
+            first = last
+    return runs
+
+
+def unframe_runs(runs: Sequence[IndexedRun], datas: Sequence, paths: Sequence[str], views: bool = False) -> list:
+    """The records of ``runs`` from what their reads gave (``datas``, in the same order), each checked alone (its
+    header against the index, both CRCs): damage is a :class:`~infeed.CorruptRecordError` naming the file, the
+    record and its byte offset."""
+    out: list = []
+    for run, data in zip(runs, datas):
+        out += _tfrecord.unframe_run(data, paths[run.file], run.first, run.base, run.offsets, run.lengths, views)
+    return out
+
+
 def read_indexed(read_at: Callable[[int, int, int], bytes], paths: Sequence[str],
                  index_of: Callable[[int], RecordIndex], files, records,
                  max_joined: int = MAX_JOINED_READ, views: bool = False) -> list:
@@ -228,24 +275,5 @@ def read_indexed(read_at: Callable[[int, int, int], bytes], paths: Sequence[str]
     :class:`~infeed.CorruptRecordError` naming the file, the record and its
     byte offset.
     """
-    files, records = np.asarray(files, np.int64), np.asarray(records, np.int64)
-    n = len(records)
-    if n == 0:
-        return []
-    cuts = (np.flatnonzero((files[1:] != files[:-1]) | (records[1:] != records[:-1] + 1)) + 1).tolist()
-    out: list = []
-    for a, b in zip([0, *cuts], [*cuts, n]):
-        f, k = int(files[a]), int(records[a])
-        index = index_of(f)
-        offsets, lengths = index.offsets[k:k + b - a], index.lengths[k:k + b - a]
-        ends = offsets + lengths + _FRAMING
-        first = 0
-        while first < b - a:                 # reads of max_joined bytes at most (one record at least)
-            last = b - a if ends[-1] - offsets[first] <= max_joined else \
-                max(first + 1, int(np.searchsorted(ends, offsets[first] + max_joined, side="right")))
-            base = int(offsets[first])
-            run = read_at(f, base, int(ends[last - 1]) - base)
-            out += _tfrecord.unframe_run(run, paths[f], k + first, base, offsets[first:last], lengths[first:last],
-                                         views)
-            first = last
-    return out
+    runs = indexed_runs(index_of, files, records, max_joined)
+    return unframe_runs(runs, [read_at(run.file, run.base, run.size) for run in runs], paths, views)

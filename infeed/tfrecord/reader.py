@@ -101,7 +101,8 @@ class _RemoteInput:
     def _request_ahead(self) -> None:
         while len(self._pending) < READ_AHEAD_RANGES and (self._size is None or self._requested < self._size):
             n = READ_AHEAD_BYTES if self._size is None else min(READ_AHEAD_BYTES, self._size - self._requested)
-            self._pending.append((self._requested, n, _read_ahead_pool().submit(self._file.read_at, self._requested, n)))
+            future = read_ahead_pool().submit(self._file.read_at, self._requested, n)
+            self._pending.append((self._requested, n, future))
             self._requested += n
 
     def readinto(self, view) -> int:
@@ -151,9 +152,9 @@ _pool = None
 _pool_lock = threading.Lock()
 
 
-def _read_ahead_pool():
-    """The process's threads for remote reads ahead (made at the first remote file; each waits on the network with
-    the GIL released)."""
+def read_ahead_pool():
+    """The process's threads for remote reads ahead of their reader (made at the first remote file; each waits on
+    the network with the GIL released): the streamed reads' ranges and the indexed reads' runs."""
     global _pool
     with _pool_lock:
         if _pool is None:

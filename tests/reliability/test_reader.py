@@ -533,6 +533,29 @@ def test_a_remote_file_is_read_in_ranges_requested_ahead_of_the_reader(monkeypat
     assert store.most_in_flight == reader.READ_AHEAD_RANGES       # ahead of the reader, and no further
 
 
+def test_a_remote_batchs_indexed_reads_are_in_flight_together_and_the_next_batch_is_started_early(monkeypatch,
+                                                                                                   tmp_path):
+    from infeed.daemon import plan
+    from infeed.tfrecord.index import build_index
+
+    records = [bytes([k]) * (50 + k) for k in range(40)]
+    local = tmp_path / "f.tfrecord"
+    local.write_bytes(b"".join(_tfrecord.frame(r) for r in records))
+    index = build_index(str(local))
+    store = SlowStore(local.read_bytes())
+    monkeypatch.setattr(reader, "_filesystem", lambda uri: (store, uri.split("://", 1)[1]))
+    files = plan.IndexedFiles(["mock://bucket/f.tfrecord"], [index])
+    order = [7, 3, 30, 12, 25, 0]                                  # six records, none adjacent: six reads
+    try:
+        first = files.start(np.zeros(6, np.int64), np.array(order))
+        second = files.start(np.zeros(2, np.int64), np.array([20, 21]))        # adjacent: one read
+        assert [bytes(r) for r in files.finish(first)] == [records[k] for k in order]
+        assert [bytes(r) for r in files.finish(second)] == records[20:22]
+    finally:
+        files.close()
+    assert len(store.ranges) == 7 and store.most_in_flight > 1
+
+
 # --- the decoder ------------------------------------------------------------------------------------
 
 def _varint(value):

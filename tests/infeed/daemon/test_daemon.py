@@ -290,9 +290,13 @@ def test_through_an_index_a_batch_is_one_read_and_a_damaged_record_is_named(inde
     from infeed.tfrecord.index import load_index
 
     reads = []
-    real = plan.IndexedFiles._read_at
-    monkeypatch.setattr(plan.IndexedFiles, "_read_at", lambda self, f, offset, size: reads.append(size) or
-                        real(self, f, offset, size))
+    real = plan.indexed_runs
+
+    def counted(*args, **kwargs):                    # each run planned is one read
+        runs = real(*args, **kwargs)
+        reads.extend(run.size for run in runs)
+        return runs
+    monkeypatch.setattr(plan, "indexed_runs", counted)
     ds = Dataset(indexed, SPEC, batch_size=10, num_epochs=1)
     parser, ids = infeed.ExampleParser(SPEC), []
     for planned in plan.epoch_batches(ds, 0, 0, lambda index: index % 2 == 0, ds.indexes()):   # a worker of 2
