@@ -89,7 +89,8 @@ class Estimator:
                 xr.enable_compilation_cache(config.compilation_cache_dir)
             except ValueError as e:
                 raise InvalidArgumentError(f"RunConfig.compilation_cache_dir: {e}") from e
-        os.makedirs(config.model_dir, exist_ok=True)
+        if "://" not in config.model_dir:             # a bucket has no directories to make
+            os.makedirs(config.model_dir, exist_ok=True)
         self.checkpoints = Checkpoints(config.checkpoint_directory, keep=config.keep_checkpoint_max)
         self._state = None                 # the train state on the devices, once made or restored
         self._input_state = None           # where the training input resumes after it

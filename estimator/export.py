@@ -143,6 +143,17 @@ def _key_entries(path) -> list:
     return entries
 
 
+def _local(directory, what: str) -> str:
+    """``directory`` as a str, refused with InvalidArgumentError when it is a URI: an export is written, renamed
+    into place and checked file by file with the operating system's calls, which a bucket does not take."""
+    directory = os.fspath(directory)
+    if "://" in str(directory):
+        raise InvalidArgumentError(f"{what}: export directories are local paths, got {directory!r}: export to a "
+                                   "local directory, then copy it to the bucket (gcloud storage cp -r, aws s3 cp "
+                                   "--recursive), and load it from a local copy")
+    return directory
+
+
 def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpec], directory, *,
                  platforms=None, name: str = "predict", overwrite: bool = False, saved_model: bool = False) -> str:
     """Export ``predict_fn(variables, features) -> dict of arrays`` into a new ``directory``; returns its path.
@@ -155,7 +166,7 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
         raise ArgumentTypeError("serving_features must be a non-empty dict of feature name -> TensorSpec")
     if not _NAME.fullmatch(name):
         raise InvalidArgumentError(f"export name {name!r} must be {_NAME_RULE}")
-    directory = os.path.abspath(os.fspath(directory))
+    directory = os.path.abspath(_local(directory, "export"))
     if os.path.exists(directory) and not (os.path.isdir(directory) and (overwrite or not os.listdir(directory))):
         raise ExportExistsError(f"{directory} already exists and is not an empty directory "
                                 "(pass overwrite=True to replace it)")
@@ -404,13 +415,13 @@ def _read_leaf(npz: zipfile.ZipFile, variable: dict, file_size: int) -> np.ndarr
 
 def is_export(directory) -> bool:
     """Whether ``directory`` holds an :func:`export_model` artefact."""
-    return os.path.isfile(os.path.join(os.fspath(directory), SIGNATURE))
+    return os.path.isfile(os.path.join(_local(directory, "is_export"), SIGNATURE))
 
 
 def read_exported_variables(directory):
     """An export's variables as nested dicts of numpy arrays (see :attr:`LoadedModel.variables`),
     without loading its program; its list of digests and the variables' digest are checked."""
-    directory = os.fspath(directory)
+    directory = _local(directory, "read_exported_variables")
     signature, _, files = _open_export(directory, True, None)
     return _nest([v["path"] for v in signature["variables"]], _read_leaves(directory, signature, files[VARIABLES]))
 
@@ -442,4 +453,4 @@ def load_exported(directory, *, verify: bool = True, expected_digest: str | None
     taken at export and kept apart from the files; a ``signature.json`` of another SHA-256 is
     :class:`ExportIntegrityError`, which makes an export rewritten with a matching list an error too.
     """
-    return LoadedModel(directory, verify=verify, expected_digest=expected_digest)
+    return LoadedModel(_local(directory, "load_exported"), verify=verify, expected_digest=expected_digest)

@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import estimator as est
 from estimator.checkpoints import Checkpoints
 from estimator.warm_start import warm_start
 
@@ -168,3 +169,29 @@ def test_warm_start_takes_the_included_variables_of_the_same_shape(tmp_path, cap
 
     with pytest.raises(ValueError, match="no variable matched"):
         warm_start(str(tmp_path), target, include=["dense2", "dense3"])
+
+
+@pytest.mark.parametrize("fields, name, scheme", [
+    ({"model_dir": "s3://bucket/model"}, "model_dir", "s3"),
+    ({"model_dir": "/tmp/m", "checkpoint_dir": "s3://bucket/ckpt"}, "checkpoint_dir", "s3"),
+    ({"model_dir": "hdfs://namenode/model"}, "model_dir", "hdfs"),
+])
+def test_checkpoints_on_a_store_orbax_cannot_write_are_refused_by_runconfig(fields, name, scheme):
+    with pytest.raises(est.InvalidArgumentError, match=rf"RunConfig.{name}: checkpoints cannot be written to "
+                                                       rf"{scheme}://.*Use a local directory .* or gs://"):
+        est.RunConfig(**fields)
+
+
+def test_model_dir_on_a_bucket_with_local_checkpoints_is_accepted(tmp_path):
+    config = est.RunConfig(model_dir="s3://bucket/model", checkpoint_dir=str(tmp_path / "ckpt"))
+    assert config.checkpoint_directory == str(tmp_path / "ckpt")
+
+
+def test_gs_checkpoints_without_gcsfs_or_tensorflow_are_refused_naming_the_package(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("gcsfs", "tensorflow")
+                        else real(name, *a))
+    with pytest.raises(est.InvalidArgumentError, match=r"gs:// checkpoints .* needs gcsfs \(pip install gcsfs\)"):
+        est.RunConfig(model_dir="gs://bucket/model")

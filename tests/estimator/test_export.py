@@ -141,6 +141,23 @@ def test_an_export_name_that_is_not_a_plain_file_name_is_an_invalid_argument_err
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("uri", ["gs://bucket/exports/e", "s3://bucket/exports/e"])
+def test_an_export_to_or_from_a_bucket_is_refused_saying_what_to_do(tmp_path, monkeypatch, uri):
+    """Before, ``export`` wrote to a local folder named like the URI (<cwd>/gs:/bucket/...) and said it had
+    exported to the bucket."""
+    from estimator.export import is_export, read_exported_variables
+
+    monkeypatch.chdir(tmp_path)
+    spec = {"x": TensorSpec((None,), "float32")}
+    with pytest.raises(InvalidArgumentError, match=re.escape(f"export: export directories are local paths, got "
+                                                             f"{uri!r}: export to a local directory, then copy")):
+        export_model(lambda v, f: {"y": f["x"]}, {}, spec, uri, platforms=("cpu",))
+    for load in (load_exported, is_export, read_exported_variables):
+        with pytest.raises(InvalidArgumentError, match=f"{load.__name__}: export directories are local paths"):
+            load(uri)
+    assert os.listdir(tmp_path) == []                       # nothing made here in the bucket's name
+
+
 def test_other_dtypes_extra_symbolic_dims_and_several_platforms(tmp_path):
     def predict(v, f):
         return {"total": jnp.sum(f["tokens"], axis=1) + v["bias"].astype(jnp.int32),
