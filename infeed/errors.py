@@ -29,13 +29,11 @@ def _short(text: str, limit: int = 200) -> str:
 def located_os_error(error: OSError, path: str, where: str) -> OSError:
     """``error`` (raised by a stream under a reader) as an OSError naming the file, with ``where``
     (what was being read) after its reason: the same errno, so the same subclass (e.g.
-    ConnectionResetError), and ``filename`` set to ``path``."""
+    ConnectionResetError; EIO where it has none), and ``filename`` set to ``path``."""
     reason = f"{error.strerror or str(error) or type(error).__name__} ({where})"
-    if error.errno:
-        return OSError(error.errno, reason, path)
-    out = OSError(f"{path}: {reason}")
-    out.filename = path
-    return out
+    # An error without an errno of its own (pyarrow's, for a remote file) gets EIO: an OSError with a filename but
+    # no errno prints as "[Errno None] None: '<path>'", the reason lost.
+    return OSError(error.errno or errno.EIO, reason, path)
 
 
 class InfeedError(Exception):

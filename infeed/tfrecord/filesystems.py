@@ -50,6 +50,11 @@ GCS_QUERY_OPTIONS = ("scheme", "endpoint_override", "retry_limit_seconds", "anon
 
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
+#: How long pyarrow's GCS client retries a failing request (throttling, a server away) when the URI does not say
+#: (``retry_limit_seconds``): its own default is minutes, during which a read gives no sign; infeed's own
+#: attempts (``infeed.tfrecord.reader.REMOTE_ATTEMPTS``) come on top.
+GCS_RETRY_LIMIT_S = 15
+
 
 def _s3(options: dict):
     import pyarrow.fs as pafs
@@ -206,6 +211,7 @@ def _gcs_options(uri: str, query: str) -> dict:
             raise FileSystemConfigError(uri, f"unknown option {name!r} in the query: a gs:// URI takes "
                                              f"{', '.join(GCS_QUERY_OPTIONS)}")
         options[name] = _flag(uri, name, value) if name == "anonymous" else value
+    options.setdefault("retry_limit_seconds", GCS_RETRY_LIMIT_S)
     emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
     if emulator and "endpoint_override" not in options:
         scheme, _, host = emulator.rpartition("://")

@@ -15,11 +15,12 @@ import pytest
 import infeed
 from infeed.commands.cli import main
 from infeed.commands.convert import convert
-from infeed.tfrecord import expand_files
+from infeed.tfrecord import expand_files, filesystems, reader
 from infeed.tfrecord.filesystems import unregister_filesystem
 from infeed.tfrecord.index import index_path, load_index
 
 from bench.object_stores import GcsServer
+from bench.store_proxy import StoreProxy, gcs_rate_limited, s3_slow_down
 
 SPEC = {"x": infeed.FixedLen((3,), "float32"), "label": infeed.FixedLen((), "int64")}
 RECORDS = [infeed.encode_example({"x": [float(i), -1.0, 0.5], "label": [i]}) for i in range(120)]
@@ -189,3 +190,41 @@ def test_the_server_killed_and_restarted_mid_epoch_loses_and_repeats_no_record(s
                 finally:
                     store.restart()
     assert np.concatenate(got).tolist() == want
+
+
+@pytest.fixture
+def throttling(store, monkeypatch):
+    """``store`` behind a loopback proxy, reached through it by the same conventions; yields (proxy, the store's
+    throttling answer: S3's 503 SlowDown, GCS's 429)."""
+    monkeypatch.setattr(filesystems, "GCS_RETRY_LIMIT_S", 3)      # pyarrow's GCS client gives up sooner
+    with StoreProxy(store.endpoint) as proxy:
+        if isinstance(store, GcsServer):
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://{proxy.endpoint}")
+            yield proxy, gcs_rate_limited(429)
+        else:
+            monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{proxy.endpoint}")
+            yield proxy, s3_slow_down()
+
+
+def test_throttling_answers_are_retried_and_the_records_come_out_whole(folder, throttling, monkeypatch):
+    paths = write_shards(folder, count=1)
+    proxy, answer = throttling
+    monkeypatch.setattr(reader, "REMOTE_RETRY_WAIT_S", 0.05)
+    proxy.fail_next(2, *answer)
+    assert list(infeed.read_records(paths[0])) == RECORDS
+    assert proxy.failed == 2
+
+
+def test_endless_throttling_gives_up_in_bounded_time_naming_the_uri(folder, throttling, monkeypatch):
+    paths = write_shards(folder, count=1)
+    proxy, answer = throttling
+    monkeypatch.setattr(reader, "REMOTE_RETRY_WAIT_S", 0.05)
+    monkeypatch.setattr(reader, "REMOTE_ATTEMPTS", 2)
+    proxy.fail_next(10 ** 6, *answer)
+    started = time.monotonic()
+    with pytest.raises(OSError) as failed:
+        list(infeed.read_records(paths[0]))
+    assert failed.value.filename == paths[0] and "gave up after 2 attempts" in str(failed.value)
+    assert "None: " not in str(failed.value)           # the store's answer, not "[Errno None] None: '<uri>'"
+    assert time.monotonic() - started < 60
+    proxy.clear_faults()

@@ -462,6 +462,16 @@ def test_remote_reads_give_up_after_bounded_attempts_naming_the_file(flaky_remot
     assert "reading record 0 at byte offset 0" in str(info.value)
 
 
+def test_a_remote_error_without_an_errno_keeps_its_reason_when_located(flaky_remote):
+    """pyarrow's errors have no errno: located as they were, they printed "[Errno None] None: '<uri>'"."""
+    uri = "mock://bucket/f.tfrecord"
+    flaky_remote(FRAMED, failures=10 ** 9, error=OSError("AWS Error UNKNOWN (HTTP status 503) during GetObject"))
+    with pytest.raises(OSError) as info:
+        list(infeed.read_records(uri))
+    assert info.value.filename == uri and "None: " not in str(info.value)
+    assert "HTTP status 503" in str(info.value) and f"gave up after {reader.REMOTE_ATTEMPTS} attempts" in str(info.value)
+
+
 def test_a_remote_file_gone_mid_read_is_not_retried(flaky_remote):
     fs = flaky_remote(FRAMED, failures=1, error=FileNotFoundError(errno.ENOENT, "No such object"))
     with pytest.raises(FileNotFoundError) as info:
