@@ -143,15 +143,14 @@ def _key_entries(path) -> list:
     return entries
 
 
-def _local(directory, what: str) -> str:
-    """``directory`` as a str, refused with InvalidArgumentError when it is a URI: an export is written, renamed
+def _local(directory, what: str):
+    """``directory``, refused with InvalidArgumentError when it is a URI: an export is written, renamed
     into place and checked file by file with the operating system's calls, which a bucket does not take."""
-    directory = os.fspath(directory)
-    if "://" in str(directory):
+    if isinstance(directory, (str, os.PathLike)) and "://" in os.fsdecode(os.fspath(directory)):
         raise InvalidArgumentError(f"{what}: export directories are local paths, got {directory!r}: export to a "
                                    "local directory, then copy it to the bucket (gcloud storage cp -r, aws s3 cp "
                                    "--recursive), and load it from a local copy")
-    return directory
+    return directory            # anything else as it came: the callers' own checks name a wrong type
 
 
 def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpec], directory, *,
@@ -166,7 +165,7 @@ def export_model(predict_fn, variables, serving_features: Mapping[str, TensorSpe
         raise ArgumentTypeError("serving_features must be a non-empty dict of feature name -> TensorSpec")
     if not _NAME.fullmatch(name):
         raise InvalidArgumentError(f"export name {name!r} must be {_NAME_RULE}")
-    directory = os.path.abspath(_local(directory, "export"))
+    directory = os.path.abspath(os.fspath(_local(directory, "export")))
     if os.path.exists(directory) and not (os.path.isdir(directory) and (overwrite or not os.listdir(directory))):
         raise ExportExistsError(f"{directory} already exists and is not an empty directory "
                                 "(pass overwrite=True to replace it)")
@@ -421,7 +420,7 @@ def is_export(directory) -> bool:
 def read_exported_variables(directory):
     """An export's variables as nested dicts of numpy arrays (see :attr:`LoadedModel.variables`),
     without loading its program; its list of digests and the variables' digest are checked."""
-    directory = _local(directory, "read_exported_variables")
+    directory = os.fspath(_local(directory, "read_exported_variables"))
     signature, _, files = _open_export(directory, True, None)
     return _nest([v["path"] for v in signature["variables"]], _read_leaves(directory, signature, files[VARIABLES]))
 
