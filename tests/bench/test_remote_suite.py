@@ -33,18 +33,19 @@ def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_noth
                             str(out)]) == 0
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())["suites"]["remote"]
-    names = [suite.local_name(w) for w in (1, 2)] + [suite.server_name(w) for w in (1, 2)] + \
-        [suite.latency_name(w) for w in (1, 2)]
+    names = [name(w) for name in (suite.local_name, suite.server_name, suite.proxy_name, suite.latency_name)
+             for w in (1, 2)]
     assert suite.latency_name(1) == "s3 + 25 ms W=1"
     assert suite.LAYOUTS == ("criteo", "imagenet") and doc["params"]["layouts"] == ["criteo"]
     layouts = ["criteo"]
     assert {(f["group"], f["name"]) for f in doc["figures"]} == {(l, n) for l in layouts for n in names}
     assert all(f["records"] > 0 and f["records_per_s"] > 0 for f in doc["figures"])
     assert {(r["group"], r["name"], r["target"]) for r in doc["ratios"]} == {
-        (l, f"{suite.latency_name(w)} / {suite.server_name(w)}", suite.TARGET) for l in layouts for w in (1, 2)
-    } | {(l, f"{suite.server_name(w)} / {suite.local_name(w)}", None) for l in layouts for w in (1, 2)}
+        (l, f"{suite.latency_name(w)} / {suite.proxy_name(w)}", suite.TARGET) for l in layouts for w in (1, 2)
+    } | {(l, f"{num(w)} / {den(w)}", None) for l in layouts for w in (1, 2)
+         for num, den in ((suite.latency_name, suite.server_name), (suite.server_name, suite.local_name))}
     assert {(s["group"], s["name"]) for s in doc["stages"]} == {(l, n) for l in layouts for n in names}
     assert all("read" in s["worker_shares"] for s in doc["stages"])
     assert doc["params"]["proxy_requests_per_run"]["criteo"] > 0           # the proxy was used
-    assert "s3 + 25 ms W=2 / s3 W=2" in text and "Traceback" not in text
+    assert "s3 + 25 ms W=2 / s3 + proxy W=2" in text and "Traceback" not in text
     assert _processes("weed mini") == servers_before and _processes("bench.store_proxy") == proxies_before
