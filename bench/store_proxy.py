@@ -133,7 +133,24 @@ class ProxyFailed(RuntimeError):
     """The proxy's process did not start, exited, or did not answer a call in time."""
 
 
-class StoreProxy:
+class _Listening:
+    """Where a proxy listens (``host`` and ``port``), in the forms its clients take."""
+
+    host: str
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port``, for ``endpoint_override``."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``, for ``AWS_ENDPOINT_URL`` and ``STORAGE_EMULATOR_HOST``."""
+        return f"http://{self.endpoint}"
+
+
+class StoreProxy(_Listening):
     """A reverse proxy on ``host:port`` (0: a free port) for the plain-HTTP server at ``upstream`` (``host:port`` or
     ``http://host:port``), in a process of its own (a :class:`ProxyServer` there) started at once and stopped by
     :meth:`close` or the end of a ``with`` block.
@@ -160,16 +177,6 @@ class StoreProxy:
             self.close()
             raise
         self.host, self.port = address["host"], address["port"]
-
-    @property
-    def endpoint(self) -> str:
-        """``host:port``, for ``endpoint_override``."""
-        return f"{self.host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        """``http://host:port``, for ``AWS_ENDPOINT_URL`` and ``STORAGE_EMULATOR_HOST``."""
-        return f"http://{self.endpoint}"
 
     @property
     def latency_s(self) -> float:
@@ -548,7 +555,7 @@ class Upstream:
         self.sock.close()
 
 
-class ProxyServer:
+class ProxyServer(_Listening):
     """The proxy itself, serving in the process that makes it: a thread accepting connections and one per client
     connection, started at once and stopped by :meth:`close` or the end of a ``with`` block. The same interface as
     :class:`StoreProxy` (which runs one in a process of its own), ``match`` any callable.
@@ -572,16 +579,6 @@ class ProxyServer:
         self._listener.settimeout(0.5)          # a fallback: close() wakes accept() by shutting the socket down
         self.host, self.port = self._listener.getsockname()[:2]
         self._accepter = self._start_thread("accept", self._accept_loop)
-
-    @property
-    def endpoint(self) -> str:
-        """``host:port``, for ``endpoint_override``."""
-        return f"{self.host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        """``http://host:port``, for ``AWS_ENDPOINT_URL`` and ``STORAGE_EMULATOR_HOST``."""
-        return f"http://{self.endpoint}"
 
     @property
     def latency_s(self) -> float:
