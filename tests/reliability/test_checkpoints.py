@@ -136,7 +136,8 @@ def test_a_save_killed_at_any_point_keeps_the_last_checkpoint_and_resumes_to_the
         if kill_at == "before the rename":                  # complete but for the rename: still not listed
             # (orbax >= 0.12.3 has written its commit_success.txt there too; older orbax writes none locally)
             assert MANIFEST in os.listdir(directory / "6.orbax-checkpoint-tmp")
-    committed = max([int(line.split()[1]) for line in out.splitlines() if line.startswith("committed")] + [0])
+    # whole lines only: the kill may cut the last one short ("committed" without its step, or "committed 1" of 12)
+    committed = max([int(line.split()[1]) for line in out.split("\n")[:-1] if line.startswith("committed")] + [0])
 
     with Checkpoints(directory, keep=KEEP) as ckpt:
         steps = ckpt.all_steps()
