@@ -7,7 +7,7 @@ import signal as _signal
 
 __all__ = ["InfeedError", "CorruptRecordError", "CompressedStreamError", "DecodeError", "CORRUPTION_KINDS",
            "TransformError", "WorkerDied", "Timeout", "AttachError", "ShmSpaceError", "IndexFileError", "ColumnError",
-           "ConvertError", "FileSystemConfigError"]
+           "ConvertError", "FileSystemConfigError", "SourceChangedError"]
 
 #: What `CorruptRecordError.kind` can be, and what each means.
 CORRUPTION_KINDS = {
@@ -30,6 +30,8 @@ def located_os_error(error: OSError, path: str, where: str) -> OSError:
     """``error`` (raised by a stream under a reader) as an OSError naming the file, with ``where``
     (what was being read) after its reason: the same errno, so the same subclass (e.g.
     ConnectionResetError; EIO where it has none), and ``filename`` set to ``path``."""
+    if isinstance(error, InfeedError):
+        return error                # one of ours names the file and the place already, and keeps its type
     reason = f"{error.strerror or str(error) or type(error).__name__} ({where})"
     # An error without an errno of its own (pyarrow's, for a remote file) gets EIO: an OSError with a filename but
     # no errno prints as "[Errno None] None: '<path>'", the reason lost.
@@ -245,6 +247,21 @@ class FileSystemConfigError(InfeedError, ValueError):
 
     def __reduce__(self):
         return (type(self), (self.uri, self.problem))
+
+
+class SourceChangedError(InfeedError, OSError):
+    """A remote file changed while it was read (replaced, rewritten): what was read of it no longer goes with
+    what would be read next. Attributes: ``path``; ``before`` and ``after``, its (size, modification time) when
+    opened and when found changed; ``offset``, the byte offset of the read that found it."""
+
+    def __init__(self, path, before, after, offset):
+        self.path, self.before, self.after, self.offset = path, before, after, offset
+        super().__init__(f"{path}: changed while it was read (size {before[0]}, modified {before[1]} when opened; "
+                         f"size {after[0]}, modified {after[1]} at the read of byte {offset}): no record of the new "
+                         "version is mixed with the old; read the file again from its start")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.before, self.after, self.offset))
 
 
 class ColumnError(InfeedError, ValueError):

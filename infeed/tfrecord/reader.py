@@ -13,7 +13,7 @@ import threading
 import time
 import zlib
 
-from infeed.errors import CompressedStreamError, located_os_error
+from infeed.errors import CompressedStreamError, SourceChangedError, located_os_error
 from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.files import path_str
 
@@ -89,9 +89,18 @@ class _RemoteInput:
     reads of ``READ_AHEAD_BYTES`` each in flight at once (on a shared pool of threads), so that a store's time to
     first byte (tens of milliseconds a request) is spent while the records already read are decoded. Memory:
     at most ``READ_AHEAD_RANGES * READ_AHEAD_BYTES`` per open file. Each range read is retried as
-    :meth:`_ArrowRandomAccess.read_at`'s are; a failure is raised when the reader reaches that range."""
+    :meth:`_ArrowRandomAccess.read_at`'s are; a failure is raised when the reader reaches that range.
 
-    def __init__(self, fs, inner: str, uri: str, size: int):
+    The file is pinned as it was when opened (``info``: its size and modification time): after each range is
+    read, the file is looked up again, and a range is handed to the reader only while the file is unchanged,
+    else :class:`~infeed.errors.SourceChangedError`: records are never mixed from two versions of an object
+    replaced while it is read. (pyarrow gives neither S3's ETag nor GCS's generation; a replacement within the
+    same second at the same size, the modification time's granularity on S3, goes unseen.)"""
+
+    def __init__(self, fs, inner: str, uri: str, info):
+        size = info.size if info.size is not None else -1
+        self._fs, self._inner, self._uri = fs, inner, uri
+        self._pinned = (info.size, info.mtime)
         self._file = _ArrowRandomAccess(fs, inner, uri)
         self._size = size if size >= 0 else None          # None: read until a range comes back short
         self._requested = 0                               # the offset of the next range to request
@@ -101,9 +110,26 @@ class _RemoteInput:
     def _request_ahead(self) -> None:
         while len(self._pending) < READ_AHEAD_RANGES and (self._size is None or self._requested < self._size):
             n = READ_AHEAD_BYTES if self._size is None else min(READ_AHEAD_BYTES, self._size - self._requested)
-            future = read_ahead_pool().submit(self._file.read_at, self._requested, n)
+            future = read_ahead_pool().submit(self._read_unchanged, self._requested, n)
             self._pending.append((self._requested, n, future))
             self._requested += n
+
+    def _read_unchanged(self, offset: int, n: int) -> bytes:
+        """``n`` bytes at ``offset``, read while the file was as pinned (checked after the read)."""
+        try:
+            data = self._file.read_at(offset, n)
+        except FileNotFoundError:
+            self._check_unchanged(offset)    # GCS reads the generation opened: replaced, it is "not found"
+            raise
+        self._check_unchanged(offset)
+        return data
+
+    def _check_unchanged(self, offset: int) -> None:
+        info = _retrying(lambda: self._fs.get_file_info(self._inner), self._uri, "checking the file is unchanged")
+        import pyarrow.fs as pafs
+
+        if info.type != pafs.FileType.NotFound and (info.size, info.mtime) != self._pinned:
+            raise SourceChangedError(self._uri, self._pinned, (info.size, info.mtime), offset)
 
     def readinto(self, view) -> int:
         if not self._chunk:
@@ -184,7 +210,7 @@ def open_input(path: str):
         raise FileNotFoundError(errno.ENOENT, "no such file", path)
     size = info.size if info.size is not None else -1
     try:
-        stream = _RemoteInput(fs, inner, path, size)    # opened now: a failure to open is raised here
+        stream = _RemoteInput(fs, inner, path, info)    # opened now: a failure to open is raised here
     except OSError as e:
         raise _tfrecord.located_io_error(e, path, 0, 0) from e
     return stream, size

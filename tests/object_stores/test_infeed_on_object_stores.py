@@ -228,3 +228,22 @@ def test_endless_throttling_gives_up_in_bounded_time_naming_the_uri(folder, thro
     assert "None: " not in str(failed.value)           # the store's answer, not "[Errno None] None: '<uri>'"
     assert time.monotonic() - started < 60
     proxy.clear_faults()
+
+
+def test_an_object_replaced_while_it_is_read_is_a_named_error_never_mixed_records(folder, monkeypatch):
+    """Ranges of 16 KiB, four ahead: the reader is far from the end when the object is replaced (a new version
+    of another size, a second later: the modification time's granularity on S3)."""
+    monkeypatch.setattr(reader, "READ_AHEAD_BYTES", 16 << 10)
+    records = [infeed.encode_example({"x": [float(i)] * 3, "label": [i]}) * 20 for i in range(400)]
+    (path,) = write_shards(folder, count=1, records=records)
+    with infeed.read_records(path, buffer_size=4096) as stream:
+        got = [next(stream) for _ in range(5)]
+        time.sleep(1.1)
+        with infeed.TFRecordWriter(path) as writer:
+            for record in records[::-1][:300]:
+                writer.write(record)
+        with pytest.raises(infeed.errors.SourceChangedError, match=f"{path}: changed while it was read") as changed:
+            for record in stream:
+                got.append(record)
+    assert changed.value.path == path and changed.value.before[0] != changed.value.after[0]
+    assert got == records[:len(got)]                           # what came before the error: the old version only
