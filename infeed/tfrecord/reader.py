@@ -37,8 +37,8 @@ REMOTE_RETRY_WAIT_S = 0.25
 #: Reading a remote file front to back (read_records, the daemon's streamed reads): ranges of READ_AHEAD_BYTES,
 #: up to READ_AHEAD_RANGES of them requested ahead of the reader, on a pool of READ_AHEAD_THREADS threads a
 #: process. Memory: READ_AHEAD_RANGES * READ_AHEAD_BYTES an open file, beside the reader's own buffer.
-READ_AHEAD_BYTES = 8 << 20
-READ_AHEAD_RANGES = 4
+READ_AHEAD_BYTES = 4 << 20
+READ_AHEAD_RANGES = 8
 READ_AHEAD_THREADS = 16
 
 #: OSErrors that no retry cures: raised at the first attempt.
