@@ -35,7 +35,7 @@ import pyarrow.fs as pafs
 from infeed.commands.arguments import positive_int
 from infeed.errors import ColumnError, ConvertError, FileSystemConfigError
 from infeed.example.arrow import ColumnPlan, encode_batch, plan_columns
-from infeed.tfrecord.files import split_query, with_suffix
+from infeed.tfrecord.names import split_query, with_suffix
 from infeed.tfrecord.filesystems import filesystem_for
 from infeed.tfrecord.writer import TFRecordWriter
 

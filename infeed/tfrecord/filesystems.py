@@ -39,7 +39,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 from infeed.errors import FileSystemConfigError
-from infeed.tfrecord.files import split_query
+from infeed.tfrecord.names import split_query
 
 __all__ = ["filesystem_for", "register_filesystem", "registered_filesystems", "restore_registered_filesystems",
            "unregister_filesystem"]

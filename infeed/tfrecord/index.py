@@ -22,7 +22,7 @@ import numpy as np
 
 from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.files import path_str, split_query, with_suffix
+from infeed.tfrecord.names import path_str, split_query, with_suffix
 from infeed.tfrecord.filesystems import filesystem_for
 from infeed.tfrecord.reader import _EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output, read_records
 

@@ -15,7 +15,7 @@ import zlib
 
 from infeed.errors import CompressedStreamError, SourceChangedError, located_os_error
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.files import path_str
+from infeed.tfrecord.names import path_str
 
 __all__ = ["read_records", "open_input", "open_random_access", "COMPRESSIONS", "MAX_RECORD_SIZE", "RecordReader"]
 

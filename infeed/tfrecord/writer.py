@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.files import path_str
+from infeed.tfrecord.names import path_str
 from infeed.tfrecord.reader import open_output
 
 __all__ = ["TFRecordWriter"]

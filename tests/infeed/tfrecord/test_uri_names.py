@@ -14,7 +14,7 @@ import pytest
 import infeed
 from infeed.commands.cli import main
 from infeed.commands.convert import convert, shard_paths
-from infeed.tfrecord.files import split_query, with_suffix
+from infeed.tfrecord.names import split_query, with_suffix
 from infeed.tfrecord.index import build_index, index_path, is_index_file, load_index, write_index
 from tfrecord_files import write_records
 
