@@ -98,11 +98,10 @@ class _RemoteInput:
     same second at the same size, the modification time's granularity on S3, goes unseen.)"""
 
     def __init__(self, fs, inner: str, uri: str, info):
-        size = info.size if info.size is not None else -1
         self._fs, self._inner, self._uri = fs, inner, uri
         self._pinned = (info.size, info.mtime)
         self._file = _ArrowRandomAccess(fs, inner, uri)
-        self._size = size if size >= 0 else None          # None: read until a range comes back short
+        self._size = info.size                            # None: read until a range comes back short
         self._requested = 0                               # the offset of the next range to request
         self._pending: collections.deque = collections.deque()
         self._chunk = memoryview(b"")
@@ -125,9 +124,9 @@ class _RemoteInput:
         return data
 
     def _check_unchanged(self, offset: int) -> None:
-        info = _retrying(lambda: self._fs.get_file_info(self._inner), self._uri, "checking the file is unchanged")
         import pyarrow.fs as pafs
 
+        info = _retrying(lambda: self._fs.get_file_info(self._inner), self._uri, "checking the file is unchanged")
         if info.type != pafs.FileType.NotFound and (info.size, info.mtime) != self._pinned:
             raise SourceChangedError(self._uri, self._pinned, (info.size, info.mtime), offset)
 
