@@ -40,10 +40,11 @@ test: $(STAMP)
 # found on PATH or through pyenv (tools/find-python); PYTHON=... on the command line names one instead.
 # Each builds the extensions with its own numpy, Cython and setuptools (no build isolation; in place, so the
 # extension files of this interpreter's ABI are rebuilt, and the others' kept), then runs the tests of what those
-# versions touch: the estimator, checkpoints, export, the compiled loop, the feeder, host calls, decoding and
-# conversion, the Grain source, docs/embedding.md's Flax and Grain blocks, and the packages' doctests (~3 minutes
-# each on 2 cores, set-up included).
+# versions touch: the estimator, checkpoints (on gs:// too, against fake-gcs-server), export, the compiled loop, the
+# feeder, host calls, decoding and conversion, the Grain source, docs/embedding.md's Flax and Grain blocks, and the
+# packages' doctests (~3 minutes each on 2 cores, set-up included).
 COMPAT_TESTS := tests/estimator tests/xla_runtime tests/reliability/test_checkpoints.py tests/reliability/test_export.py \
+	tests/object_stores/test_checkpoints_on_gcs.py \
 	tests/infeed/example tests/infeed/tfrecord tests/infeed/commands/test_convert.py tests/infeed/test_grain_source.py \
 	tests/docs infeed xla_runtime estimator
 
@@ -70,7 +71,7 @@ endif
 
 test-oldest test-newest: test-%: .venv-%/.installed
 	.venv-$*/bin/python -VV
-	.venv-$*/bin/python -m pip list 2>/dev/null | grep -E '^(jax|jaxlib|numpy|ml_dtypes|pyarrow|optax|orbax-checkpoint|etils|tqdm|flatbuffers|simplejpeg|grain|flax|pillow|Cython|setuptools) '
+	.venv-$*/bin/python -m pip list 2>/dev/null | grep -E '^(jax|jaxlib|numpy|ml_dtypes|pyarrow|optax|orbax-checkpoint|etils|tqdm|flatbuffers|simplejpeg|grain|flax|pillow|gcsfs|Cython|setuptools) '
 	.venv-$*/bin/python -m pytest -q $(COMPAT_TESTS)
 
 # What a user's pip gets, in dist/: the sdist, and the wheel built from it for $(PYTHON), repaired by auditwheel to

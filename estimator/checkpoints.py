@@ -36,7 +36,14 @@ newest ``keep`` are deleted: only directories named by a step that hold our
 manifest, never a symbolic link or what it points to, nor any other file or
 directory. Each is first renamed to ``.<step>.deleting`` (a killed deletion
 never leaves a half-deleted ``<step>`` behind) and then removed without
-following the links inside it.
+following the links inside it. On object stores, which rename object by object,
+its commit file is deleted first instead: a deletion cut short leaves an
+uncommitted ``<step>``, which is not listed and which the next writer removes.
+
+**Object stores.** ``gs://`` as orbax writes it (through gcsfs or TensorFlow's
+gfile, and tensorstore): :mod:`estimator.checkpoint_storage` refuses what would
+not work before anything is written (other schemes, no client, no credentials,
+an emulator only one of the two clients would use).
 
 **Asynchronous.** With ``async_save`` (the default), :meth:`Checkpoints.save`
 returns once the arrays are copied to host memory, so the caller may donate or
@@ -63,6 +70,7 @@ with the same target shardings. :meth:`Checkpoints.restore_numpy`
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -76,6 +84,7 @@ import numpy as np
 from etils import epath
 
 from estimator.checkpoint_manifest import COMMIT_FILE, MANIFEST, STEP_METADATA, verify_manifest, write_manifest
+from estimator.checkpoint_storage import check_checkpoint_storage
 from estimator.errors import CheckpointMismatchError, CheckpointSaveError, InvalidArgumentError, NoCheckpointError
 
 __all__ = ["Checkpoints"]
@@ -97,6 +106,7 @@ class Checkpoints:
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise InvalidArgumentError(f"keep must be a positive int or None, got {keep!r}")
         directory = os.fspath(directory)
+        check_checkpoint_storage(directory, "Checkpoints")
         self.directory = directory if "://" in directory else os.path.abspath(directory)   # orbax needs absolute
         self.keep, self._async = keep, async_save
         self._pending: int | None = None          # the step being written in the background
@@ -167,6 +177,7 @@ class Checkpoints:
         than the manifest).
         """
         root = epath.Path(self.directory)
+        _forget_listings(root)
         if not root.exists():
             return []
         return sorted(int(p.name) for p in root.iterdir() if _STEP.fullmatch(p.name) and self._is_complete(p))
@@ -224,14 +235,16 @@ class Checkpoints:
 
     def remove_leftovers(self) -> list[str]:
         """Removes what killed saves and deletions left (``<step>.orbax-checkpoint-tmp*``,
-        ``.<step>.deleting``), real directories only; returns their paths. The first :meth:`save`
+        ``.<step>.deleting``; on object stores, a ``<step>`` without orbax's commit file), real directories only;
+        returns their paths. The first :meth:`save`
         calls it (a reader never does: another process may be writing a checkpoint)."""
         self._leftovers_removed = True
         root, removed = epath.Path(self.directory), []
+        _forget_listings(root)
         if jax.process_index() != 0 or not root.exists():
             return removed
         for path in root.iterdir():
-            if _LEFTOVER.fullmatch(path.name):
+            if _LEFTOVER.fullmatch(path.name) or self._uncommitted(path):
                 if _is_real_directory(path):
                     _rmtree(path)
                     removed.append(os.fspath(path))
@@ -271,7 +284,9 @@ class Checkpoints:
                 root = epath.Path(self.directory)
                 for path in root.iterdir() if root.exists() else ():
                     match = _LEFTOVER.fullmatch(path.name)
-                    if match and match.group(1) == str(step) and _is_real_directory(path):
+                    ours = ((match and match.group(1) == str(step))
+                            or (path.name == str(step) and self._uncommitted(path)))
+                    if ours and _is_real_directory(path):
                         _rmtree(path)
             except OSError as cleanup_error:
                 logger.warning("could not remove what the failed save of checkpoint %d left in %s: %s",
@@ -299,11 +314,17 @@ class Checkpoints:
             logger.warning("%s is not a checkpoint this class wrote (no %s, or not a directory): not deleted",
                            path, MANIFEST)
             return
-        doomed = path.parent / f".{step}.deleting"
-        if doomed.exists():
+        if self._renamed:
+            doomed = path.parent / f".{step}.deleting"
+            if doomed.exists():
+                _rmtree(doomed)
+            path.rename(doomed)      # atomic: a deletion cut short never leaves a half-deleted <step>
             _rmtree(doomed)
-        path.rename(doomed)          # atomic: a deletion cut short never leaves a half-deleted <step>
-        _rmtree(doomed)
+        else:
+            # An object store renames a directory object by object: the commit file goes first instead, so a
+            # deletion cut short leaves an uncommitted <step>, never listed and removed by the next writer.
+            (path / COMMIT_FILE).unlink()
+            _rmtree(path)
         logger.debug("deleted old checkpoint %s", path)
 
     def _is_complete(self, path: epath.Path) -> bool:
@@ -312,6 +333,12 @@ class Checkpoints:
         before the manifest)."""
         return (_is_real_directory(path) and (self._renamed or (path / COMMIT_FILE).exists())
                 and ((path / MANIFEST).exists() or (path / STEP_METADATA).exists()))
+
+    def _uncommitted(self, path: epath.Path) -> bool:
+        """Where orbax commits by writing its commit file last (object stores): a step's directory without it,
+        which a save or a deletion cut short left (no save is in flight when this is asked)."""
+        return (not self._renamed and _STEP.fullmatch(path.name) is not None and _is_real_directory(path)
+                and not (path / COMMIT_FILE).exists())
 
     def _verify(self, step: int, items: tuple[str, ...]) -> None:
         """Checks the files of ``items`` in checkpoint ``step`` against its digest manifest."""
@@ -361,6 +388,20 @@ def _committing_path_class(root: epath.Path, on_commit):
 
 def _is_local(path: epath.Path) -> bool:
     return "://" not in os.fspath(path)
+
+
+def _forget_listings(path: epath.Path) -> None:
+    """Drops gcsfs's cached listings under ``path``: gcsfs keeps a folder's listing until told (its default), so
+    a process that listed the checkpoints once would miss every step written since, by another process or by
+    tensorstore (orbax's arrays), and a leftover made since. ``fsspec.filesystem`` gives the instance etils.epath
+    made with the same arguments (fsspec caches instances by them): none in etils 1.7, ``finalize_on_close=True``
+    in 1.15. Elsewhere (TensorFlow's gfile) nothing is cached."""
+    if not os.fspath(path).startswith("gs://") or importlib.util.find_spec("gcsfs") is None:
+        return
+    import fsspec
+
+    for options in ({}, {"finalize_on_close": True}):
+        fsspec.filesystem("gcs", **options).invalidate_cache(os.fspath(path))
 
 
 def _is_real_directory(path: epath.Path) -> bool:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field
 
 from jax.sharding import PartitionSpec as P
 
+from estimator.checkpoint_storage import check_checkpoint_storage
 from estimator.errors import InvalidArgumentError
 from estimator.writers.protocol import check_writer_entries
 from estimator.writers.tensorboard import TensorBoardWriter
@@ -32,28 +32,6 @@ def _directory(name, config, allow_none=False):
         raise InvalidArgumentError(f"RunConfig.{name} must be a directory path{' or None' if allow_none else ''}, "
                                    f"got {value!r}")
     object.__setattr__(config, name, os.fspath(value))
-
-
-#: URI schemes the checkpoints can be written to: orbax-checkpoint writes its arrays through tensorstore, to local
-#: paths and gs:// only (s3://b/k becomes "s3:/b/k", refused as not absolute, in 0.11.38 to 0.12.8), and etils'
-#: gs:// goes through gcsfs (or TensorFlow's gfile where TensorFlow is installed).
-CHECKPOINT_SCHEMES = ("gs", "file")
-
-
-def _checkpoint_storage(name: str, directory: str) -> None:
-    """Refuses a checkpoint directory that orbax cannot write to, saying what to do instead."""
-    if "://" not in directory:
-        return
-    scheme = directory.split("://", 1)[0].lower()
-    if scheme not in CHECKPOINT_SCHEMES:
-        raise InvalidArgumentError(
-            f"RunConfig.{name}: checkpoints cannot be written to {scheme}:// ({directory!r}): orbax-checkpoint writes "
-            "its arrays to local paths and gs:// only (and s3fs cannot rename a directory, which its commits need). "
-            "Use a local directory (a mounted bucket included) or gs://; with model_dir on a bucket, "
-            "RunConfig(checkpoint_dir=...) puts the checkpoints elsewhere")
-    if scheme == "gs" and not any(importlib.util.find_spec(m) for m in ("gcsfs", "tensorflow")):
-        raise InvalidArgumentError(f"RunConfig.{name}: gs:// checkpoints ({directory!r}) are written through "
-                                   "etils.epath, which needs gcsfs (pip install gcsfs) or TensorFlow's gfile")
 
 
 def _profile_steps(steps) -> tuple[int, int] | None:
@@ -157,8 +135,8 @@ class RunConfig:
         _directory("model_dir", self)
         _directory("compilation_cache_dir", self, allow_none=True)
         _directory("checkpoint_dir", self, allow_none=True)
-        _checkpoint_storage("checkpoint_dir" if self.checkpoint_dir is not None else "model_dir",
-                            self.checkpoint_directory)
+        check_checkpoint_storage(self.checkpoint_directory, "RunConfig." + ("model_dir" if self.checkpoint_dir is None
+                                                                            else "checkpoint_dir"))
         for name in ("iterations_per_loop", "save_summary_steps", "infeed_workers", "infeed_slots"):
             _positive(name, getattr(self, name))
         _positive("log_step_count_steps", self.log_step_count_steps, allow_none=True)

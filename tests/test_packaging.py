@@ -47,7 +47,7 @@ def _normalise(name: str) -> str:
 SETUP = _setup_call()
 RUNTIME = {_normalise(Requirement(r).name): Requirement(r).specifier for r in SETUP["install_requires"]}
 EXTRAS = {_normalise(Requirement(r).name): Requirement(r).specifier
-          for extra in ("grain", "png", "dev") for r in SETUP["extras_require"][extra]}
+          for extra in ("grain", "gcs", "png", "dev") for r in SETUP["extras_require"][extra]}
 BUILD = {_normalise(Requirement(r).name): Requirement(r).specifier
          for r in re.findall(r'"([^"]+)"', re.search(r"requires = \[(.*?)\]",
                                                      (ROOT / "pyproject.toml").read_text()).group(1))}
@@ -64,13 +64,13 @@ def test_every_runtime_requirement_is_pinned_at_both_ends_inside_its_range(end):
     for name, specifier in {**RUNTIME, **{n: BUILD[n] for n in ("cython", "setuptools")}}.items():
         assert name in pins, f"constraints/{end}.txt pins no {name}"
         assert pins[name] in specifier, f"{end}: {name}=={pins[name]} is outside setup.py's {specifier}"
-    for name in ("grain", "flax", "pillow"):
+    for name in ("grain", "flax", "pillow", "gcsfs"):
         assert pins[name] in EXTRAS[name], f"{end}: {name}=={pins[name]} is outside the extra's {EXTRAS[name]}"
 
 
 def test_each_lower_bound_is_the_oldest_release_tested():
     oldest = _pins("oldest")
-    for name, specifier in {**RUNTIME, **{n: EXTRAS[n] for n in ("grain", "flax", "pillow")},
+    for name, specifier in {**RUNTIME, **{n: EXTRAS[n] for n in ("grain", "flax", "pillow", "gcsfs")},
                             **{n: BUILD[n] for n in ("cython", "setuptools")}}.items():
         assert _lower_bound(specifier) == oldest[name], f"{name}: {specifier} but oldest.txt pins {oldest[name]}"
 

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from infeed.errors import FileSystemConfigError
 from infeed.tfrecord.names import split_query
 
-__all__ = ["filesystem_for", "register_filesystem", "registered_filesystems", "restore_registered_filesystems",
+__all__ = ["filesystem_for", "google_credentials_source", "register_filesystem", "registered_filesystems",
+           "restore_registered_filesystems",
            "unregister_filesystem"]
 
 #: The GCS options a gs:// URI's query may give (pyarrow's three, and the ones it cannot say).
@@ -225,7 +226,7 @@ def _gcs_options(uri: str, query: str) -> dict:
 GCE_PRODUCT_NAME_FILE = "/sys/class/dmi/id/product_name"
 
 
-def _google_credentials_source() -> str | None:
+def google_credentials_source() -> str | None:
     """Where Google's default credentials would come from here, or None when there is nowhere: looked up without
     a request (the metadata server's lookup, off Google Cloud, waits 30 s and more before it fails)."""
     explicit = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
@@ -248,7 +249,7 @@ def _google_credentials_source() -> str | None:
 
 
 def _check_google_credentials(uri: str) -> None:
-    if _google_credentials_source() is None:
+    if google_credentials_source() is None:
         config = os.environ.get("CLOUDSDK_CONFIG") or "~/.config/gcloud"
         raise FileSystemConfigError(uri, "no Google credentials to be found: GOOGLE_APPLICATION_CREDENTIALS is unset, "
                                          f"{config}/application_default_credentials.json does not exist, and this is "

@@ -1,5 +1,7 @@
+import importlib.util
 import logging
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -188,10 +190,51 @@ def test_model_dir_on_a_bucket_with_local_checkpoints_is_accepted(tmp_path):
 
 
 def test_gs_checkpoints_without_gcsfs_or_tensorflow_are_refused_naming_the_package(monkeypatch):
-    import importlib.util
-
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("gcsfs", "tensorflow")
                         else real(name, *a))
-    with pytest.raises(est.InvalidArgumentError, match=r"gs:// checkpoints .* needs gcsfs \(pip install gcsfs\)"):
+    with pytest.raises(est.InvalidArgumentError,
+                       match=r"gs:// checkpoints .* needs gcsfs \(pip install 'tpu-estimator-jax\[gcs\]'\)"):
         est.RunConfig(model_dir="gs://bucket/model")
+
+
+@pytest.fixture
+def nowhere_to_find_google_credentials(tmp_path, monkeypatch):
+    from infeed.tfrecord import filesystems
+
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "GCE_METADATA_HOST", "GCE_METADATA_ROOT",
+                 "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(filesystems, "GCE_PRODUCT_NAME_FILE", str(tmp_path / "product_name"))
+    return tmp_path
+
+
+@pytest.mark.skipif(not any(importlib.util.find_spec(m) for m in ("gcsfs", "tensorflow")), reason="no GCS client")
+def test_gs_checkpoints_with_no_credentials_to_find_are_refused_at_once_not_left_to_wait(
+        nowhere_to_find_google_credentials):
+    started = time.monotonic()
+    with pytest.raises(est.InvalidArgumentError, match=r"RunConfig.model_dir: no Google credentials to write gs:// "
+                                                       r"checkpoints \('gs://bucket/model/checkpoints'\) with: "
+                                                       r"GOOGLE_APPLICATION_CREDENTIALS is unset"):
+        est.RunConfig(model_dir="gs://bucket/model")
+    with pytest.raises(est.InvalidArgumentError, match=r"Checkpoints: no Google credentials"):
+        Checkpoints("gs://bucket/model/checkpoints")
+    assert time.monotonic() - started < 5             # tensorstore's own lookup still waited after 200 s
+    (nowhere_to_find_google_credentials / "product_name").write_text("Google Compute Engine\n")
+    assert est.RunConfig(model_dir="gs://bucket/model").checkpoint_directory == "gs://bucket/model/checkpoints"
+
+
+@pytest.mark.skipif(not any(importlib.util.find_spec(m) for m in ("gcsfs", "tensorflow")), reason="no GCS client")
+def test_an_emulator_only_gcsfs_would_use_is_refused_naming_tensorstores_variables(nowhere_to_find_google_credentials,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:4443")
+    with pytest.raises(est.InvalidArgumentError, match=r"STORAGE_EMULATOR_HOST=127.0.0.1:4443 .* tensorstore, which "
+                                                       r"does not read it: set TENSORSTORE_GCS_HTTP_URL and "
+                                                       r"GOOGLE_AUTH_TOKEN_FOR_TESTING too \(TENSORSTORE_GCS_HTTP_URL="
+                                                       r"http://127.0.0.1:4443 "):
+        est.RunConfig(model_dir="/tmp/m", checkpoint_dir="gs://bucket/ckpt")
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", "http://127.0.0.1:4443")
+    monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+    assert est.RunConfig(model_dir="/tmp/m", checkpoint_dir="gs://bucket/ckpt").checkpoint_directory == \
+        "gs://bucket/ckpt"

@@ -151,4 +151,4 @@ def test_each_place_google_credentials_come_from_lets_gs_through(nowhere_to_find
         (home / "product_name").write_text("Google Compute Engine\n")
     else:
         monkeypatch.setenv(where, str(home / "key.json") if where.startswith("GOOGLE") else "127.0.0.1:9")
-    assert filesystems._google_credentials_source() is not None
+    assert filesystems.google_credentials_source() is not None
