@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,8 @@ from estimator import metrics as metrics_lib
 from estimator.errors import ModelFnError, StepRngError
 from estimator.inputs import split_batch
 from estimator.spec import EstimatorSpec, ModeKeys
+
+_log = logging.getLogger("estimator")
 
 if TYPE_CHECKING:
     import optax
@@ -70,6 +73,21 @@ def trainable(variables):
     return variables, lambda params, updates: params
 
 
+def _training_loss(loss, real):
+    """The mean of model_fn's ``loss`` (a scalar, or per-example losses ``[B, ...]``) over the real examples
+    (``real``: the ``[B]`` float mask of a batch with padding rows, as ``skip_corrupt`` makes; or None): the
+    padding rows drop out of per-example losses. A scalar is the model's own: it masks them with
+    ``est.metrics.current_mask()``, which the step sets (warned of once, when the step is traced)."""
+    if real is None or jnp.ndim(loss) == 0 or loss.shape[0] != real.shape[0]:
+        if real is not None and jnp.ndim(loss) == 0:
+            _log.warning("training on batches with padding rows (skip_corrupt): model_fn's loss is a scalar, so "
+                         "it includes them unless model_fn masks them with est.metrics.current_mask(); return "
+                         "per-example losses [B] and they drop out")
+        return jnp.mean(loss)
+    per_example = jnp.mean(loss.reshape(loss.shape[0], -1), axis=1)
+    return jnp.sum(per_example * real) / jnp.maximum(jnp.sum(real), 1.0)
+
+
 class ModelSteps:
     """The step functions of one Estimator. ``spec(variables, features, labels, mode)`` calls its
     ``model_fn`` and returns the checked ``EstimatorSpec``; ``mesh`` is where predictions are split.
@@ -92,16 +110,18 @@ class ModelSteps:
         """The training step of ``{"variables", "opt_state", "step", "rng"}``; outputs the loss, the
         learning rate (``optax.inject_hyperparams``) and ``host_call``'s tensors."""
         def step(state, batch):
-            features, batch_labels, _ = split_batch(batch, labels)
+            features, batch_labels, mask = split_batch(batch, labels)
+            real = None if mask is None else 1.0 - mask.astype(jnp.float32)
             key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
             params, rebuild = trainable(state["variables"])
 
             def loss_fn(p):
-                with _rng_for(key):
+                masked = contextlib.nullcontext() if real is None else metrics_lib.example_mask(real)
+                with _rng_for(key), masked:
                     spec = self._spec(rebuild(p, None), features, batch_labels, ModeKeys.TRAIN)
                 if spec.loss is None:
                     raise ModelFnError("model_fn must return a loss in TRAIN mode")
-                loss = jnp.mean(spec.loss)            # a scalar, or per-example losses [B]
+                loss = _training_loss(spec.loss, real)
                 if spec.host_call is not None:
                     self.host_call_fn = spec.host_call[0]        # seen while tracing; called after each loop
                 # the aux must be a pytree of arrays: an EstimatorSpec would carry tracers out of the trace

@@ -299,6 +299,8 @@ class ParseBatch(_Decoding):
 
     ``pad_to=B``: every batch has ``B`` rows, a shorter one (an epoch's last) zero rows after its
     records, and a bool ``is_padding`` array flags them, as ``Dataset(final_batch="pad")`` does.
+    ``skip_corrupt=True``: a record whose image does not decode is a zero row, flagged in ``is_padding``
+    too (which every batch then carries), as in a ``Dataset``.
 
     A spec whose ``Image`` features crop or flip at random draws per record: it needs a random
     generator per batch, ``ds.batch(B, batch_fn=list).random_map(parse)`` (Grain seeds it from the
@@ -312,8 +314,9 @@ class ParseBatch(_Decoding):
         if pad_to is not None and (isinstance(pad_to, bool) or not isinstance(pad_to, int) or pad_to < 1):
             raise ValueError(f"pad_to must be a positive int or None, got {pad_to!r:.80}")
         super().__init__(spec, seed, skip_corrupt)
-        if pad_to is not None and PADDING_KEY in self.spec:
-            raise ValueError(f"a feature named {PADDING_KEY!r} clashes with the padding mask of pad_to")
+        if (pad_to is not None or skip_corrupt) and PADDING_KEY in self.spec:
+            raise ValueError(f"a feature named {PADDING_KEY!r} clashes with the padding mask of "
+                             f"{'pad_to' if pad_to is not None else 'skip_corrupt'}")
         self.pad_to = pad_to
 
     def __call__(self, records: Sequence, rng: np.random.Generator | None = None) -> dict:
@@ -325,8 +328,9 @@ class ParseBatch(_Decoding):
         parser = self._parser()
         out = parser.allocate(rows)
         parser.parse(records, out, ids=_ids(parser, n, rng))
-        if self.pad_to is not None:
+        if self.pad_to is not None or self.skip_corrupt:
             out[PADDING_KEY] = np.arange(rows) >= n
+            out[PADDING_KEY][parser.last_skipped_rows] = True
         return out
 
     def __repr__(self) -> str:

@@ -21,6 +21,10 @@ The order, per epoch ``e`` (0, 1, ...):
 4. cut into batches of ``batch_size``; the epoch's last, partial batch is
    dropped (``final_batch="drop"``) or filled with zero rows flagged in a bool
    ``is_padding`` array (``"pad"``; every batch then carries ``is_padding``).
+   With ``skip_corrupt``, a record whose image does not decode is a zero row
+   flagged in ``is_padding`` too (which every batch then carries), where it
+   stands in its batch: the batches, their records and their rows are the same
+   for any number of workers and after a resume.
 
 Epochs follow each other (``num_epochs=None``: forever); with
 ``steps_per_slot=K`` every K consecutive batches share one ring slot as
@@ -48,7 +52,7 @@ from infeed.tfrecord.reader import COMPRESSIONS, MAX_RECORD_SIZE, read_records
 
 __all__ = ["Dataset", "PADDING_KEY"]
 
-#: The bool ``[B]`` array of a batch with ``final_batch="pad"``: True on padding rows.
+#: The bool ``[B]`` array of a batch with ``final_batch="pad"`` or ``skip_corrupt``: True on padding rows.
 PADDING_KEY = "is_padding"
 
 _FINAL_BATCH = ("drop", "pad")
@@ -79,8 +83,8 @@ class Dataset:
     ``pyarrow.fs`` scheme), or a list of them; matched once, when the dataset is made.
     ``features``: ``{name: FixedLen | VarLen | Bytes | Image}``; an Image's random crop and flip draw
     from ``seed`` and the record's ``(epoch, file, record)`` (the same for any worker count, order or
-    resume), and with ``skip_corrupt`` a record whose image does not decode is replaced by a neighbour of
-    its batch (logged) instead of failing. ``labels``: the names of
+    resume), and with ``skip_corrupt`` a record whose image does not decode is a zero row flagged in
+    ``is_padding`` (logged, counted in ``stats()``) instead of failing. ``labels``: the names of
     the features that are labels (for the estimator, which hands them to
     ``model_fn`` apart); they are decoded like any feature. ``max_record_size``:
     the longest record read (default 256 MiB); a longer one is a
@@ -118,8 +122,9 @@ class Dataset:
         self.outputs = None if outputs is None else check_outputs(outputs)
         names = self.outputs if transformed else self.features
         what = "an output" if transformed else "a feature"
-        if PADDING_KEY in names and final_batch == "pad":
-            raise ValueError(f"{what} named {PADDING_KEY!r} clashes with the padding mask of final_batch='pad'")
+        if PADDING_KEY in names and (final_batch == "pad" or skip_corrupt):
+            raise ValueError(f"{what} named {PADDING_KEY!r} clashes with the padding mask of "
+                             f"{'final_batch=' + repr(final_batch) if final_batch == 'pad' else 'skip_corrupt'}")
         self.batch_size = _positive("batch_size", batch_size)
         self.shuffle_files = bool(shuffle_files)
         self.shuffle_buffer = _positive("shuffle_buffer", shuffle_buffer, zero=True)
@@ -220,9 +225,14 @@ class Dataset:
                        else example_of(a) for name, a in self.parser.allocate(0).items()}
         layout = {name: Padded(batch_of(spec.values), batch_of(spec.lengths)) if isinstance(spec, Padded)
                   else batch_of(spec) for name, spec in example.items()}
-        if self.final_batch == "pad":
+        if self.padded:
             layout[PADDING_KEY] = ((self.batch_size,), "bool")
         return layout
+
+    @property
+    def padded(self) -> bool:
+        """Whether every batch carries the ``is_padding`` mask: with ``final_batch="pad"`` or ``skip_corrupt``."""
+        return self.final_batch == "pad" or self.skip_corrupt
 
     def fingerprint(self) -> str:
         """A digest of everything that fixes the batch sequence except the seed (checked on resume)."""

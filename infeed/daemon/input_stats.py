@@ -84,6 +84,7 @@ class WorkerStats:
     compressed_bytes: int       #: compressed bytes it inflated
     stages: Mapping[str, float]
     since_beat_s: float = 0.0
+    skipped: int = 0            #: records it made padding rows (``skip_corrupt``: an image that did not decode)
 
     @classmethod
     def from_counters(cls, w: Mapping) -> "WorkerStats":
@@ -93,14 +94,14 @@ class WorkerStats:
                   "wait_for_slot": w["wait_s"]}
         stages["other"] = max(w["elapsed_s"] - sum(stages.values()), 0.0)
         return cls(w["index"], w["pid"], w["elapsed_s"], w["batches"], w["records"], w["bytes"], w["read_bytes"],
-                   w["compressed_bytes"], stages, w["since_beat"])
+                   w["compressed_bytes"], stages, w["since_beat"], w["skipped"])
 
     def since(self, earlier: "WorkerStats") -> "WorkerStats":
         """This worker's figures between ``earlier`` (the same worker) and now."""
         if earlier.pid != self.pid:              # another process took this worker's place: all of it is new
             return self
         counts = {f: getattr(self, f) - getattr(earlier, f)
-                  for f in ("elapsed_s", "batches", "records", "bytes", "read_bytes", "compressed_bytes")}
+                  for f in ("elapsed_s", "batches", "records", "bytes", "read_bytes", "compressed_bytes", "skipped")}
         stages = {s: max(self.stages[s] - earlier.stages.get(s, 0.0), 0.0) for s in self.stages}
         return dataclasses.replace(self, stages=stages, **counts)
 
@@ -114,6 +115,7 @@ class WorkerStats:
                 "batches_per_s": self.batches * rate, "records_per_s": self.records * rate,
                 "decoded_mb_per_s": self.bytes * rate / 1e6, "read_mb_per_s": self.read_bytes * rate / 1e6,
                 "compressed_mb_per_s": self.compressed_bytes * rate / 1e6, "since_heartbeat_s": self.since_beat_s,
+                "records": self.records, "skipped": self.skipped,
                 "stages_s": dict(self.stages), "shares": {s: self.share(s) for s in self.stages}}
 
 
@@ -168,6 +170,11 @@ class InputStats:
     def worker_share(self, stage: str) -> float:
         """The share of all workers' wall time spent in ``stage``."""
         return _share(sum(w.stages[stage] for w in self.workers), sum(w.elapsed_s for w in self.workers))
+
+    @property
+    def skipped(self) -> int:
+        """Records the workers made padding rows (``skip_corrupt``: an image that did not decode)."""
+        return sum(w.skipped for w in self.workers)
 
     @property
     def batches_per_s(self) -> float:
@@ -226,7 +233,7 @@ class InputStats:
                 "taken": self.taken, "batches_per_s": self.batches_per_s, "cpus": self.cpus,
                 "consumer_s": dict(self.consumer),
                 "consumer_shares": {s: _share(v, self.elapsed_s) for s, v in self.consumer.items()},
-                "trainer_wait": self.trainer_wait,
+                "trainer_wait": self.trainer_wait, "skipped": self.skipped,
                 "worker_shares": {s: self.worker_share(s) for s in WORKER_STAGES},
                 "workers": [w.to_json() for w in self.workers], "bottleneck": self.bottleneck()}
 

@@ -99,9 +99,10 @@ class Producer:
             views = self._views[(slot, step)] = self.ring.slot_arrays(slot, step)
         return views
 
-    def _fill(self, slot: int, step: int, planned, epoch: int) -> tuple[int, int]:
+    def _fill(self, slot: int, step: int, planned, epoch: int) -> tuple[int, int, int]:
         """Decodes ``planned`` (a batch of ``epoch``) into step ``step`` of ``slot`` (through the transforms,
-        if any), zero rows after its records and the padding mask; returns (records, bytes) decoded."""
+        if any), zero rows after its records and in place of those skipped (``skip_corrupt``), and the padding
+        mask; returns (records, bytes, skipped): the records read, their bytes, and how many became padding."""
         views = self._slot_views(slot, step)
         transforms = self._transforms
         try:
@@ -111,22 +112,26 @@ class Producer:
             if offset is None:
                 offset = record_offset(self.ds, path, index)
             raise DecodeError(e.feature, index, e.expected, e.found, path, offset) from None
+        skipped = list(self.parser.last_skipped_rows)
         for error in self.parser.last_skipped:
             path, index, _ = planned.where(error.record_index)
-            _log.warning("%s: record %d: feature %r: expected %s, found %s; skipped (skip_corrupt): the batch "
-                         "repeats a neighbouring record in its place", path, index, error.feature, error.expected,
-                         error.found)
+            _log.warning("%s: record %d: feature %r: expected %s, found %s; skipped (skip_corrupt): its row is "
+                         "zeros, flagged in %s", path, index, error.feature, error.expected, error.found,
+                         PADDING_KEY)
         if transforms is not None and exists(self.ds, n):
             transforms.run(views, n, epoch, planned.index, planned.where)
-        if n < self.ds.batch_size:
-            for arr in views.values():
-                for part in (arr if isinstance(arr, Padded) else (arr,)):
-                    part[n:] = 0
+        blank = [slice(n, None)] if n < self.ds.batch_size else []
+        blank += skipped                          # after the transforms: nothing they made of the zeros is kept
+        for arr in views.values():
+            for part in (arr if isinstance(arr, Padded) else (arr,)):
+                for rows in blank:
+                    part[rows] = 0
         if PADDING_KEY in views:
             mask = views[PADDING_KEY]
             mask[:n] = False
             mask[n:] = True
-        return n, nbytes
+            mask[skipped] = True
+        return n, nbytes, len(skipped)
 
     # --- the sequence -----------------------------------------------------------------------
     def run(self) -> None:
@@ -151,7 +156,7 @@ class Producer:
                             slot = self._acquire(unit)
                         before = stage_totals()
                         began = time.monotonic_ns()
-                        count, nbytes = self._fill(slot, step, planned, epoch)
+                        count, nbytes, skipped = self._fill(slot, step, planned, epoch)
                         filled = time.monotonic_ns() - began
                         after = stage_totals()
                         # Decoding (transforms included) is the fill's time less the reads (inflating included)
@@ -163,8 +168,8 @@ class Producer:
                             continue
                         last = step == per_slot - 1
                         # Counted before it is published: a consumer that took the batch sees it counted.
-                        ring.count_work(k, batches=last, records=count, nbytes=nbytes, decode_ns=decode_ns,
-                                        wait_ns=waited, readers=after)
+                        ring.count_work(k, batches=last, records=count - skipped, nbytes=nbytes, skipped=skipped,
+                                        decode_ns=decode_ns, wait_ns=waited, readers=after)
                         if last:
                             ring.publish(slot, unit, cursor=(epoch, planned.index + 1))
                             slot = None

@@ -43,11 +43,14 @@ class ExampleParser:
     :class:`infeed.Image` features are decoded after the rest of each record,
     from where their bytes lie in it. ``seed`` keys their random crops and
     flips (with each record's ``(epoch, file, record)``). With
-    ``skip_corrupt``, a record whose image cannot be decoded is replaced by
-    the nearest good record of the same batch (every feature of it), counted in
-    :attr:`skipped_images` and listed in :attr:`last_skipped`, instead of
-    raising: batches keep their size, and every worker's plan of the batches
-    stays the same (a dataset's workers log each one, naming its file).
+    ``skip_corrupt``, a record whose image cannot be decoded becomes a row of
+    zeros (every feature of it), counted in :attr:`skipped_images`, its row in
+    :attr:`last_skipped_rows` and its error in :attr:`last_skipped`, instead of
+    raising: batches keep their size, every worker's plan of the batches stays
+    the same, and the caller masks the row (a :class:`~infeed.Dataset` with
+    ``skip_corrupt`` flags it in ``is_padding``; its workers log each one,
+    naming its file). It is never a copy of another record: training would see
+    that record twice and an evaluation count it twice.
     """
 
     def __init__(self, spec: Mapping[str, FixedLen | VarLen | Bytes | Image], seed: int = 0,
@@ -92,10 +95,12 @@ class ExampleParser:
             self._columns.append(name)
         self.spec = dict(spec)
         self.skip_corrupt = bool(skip_corrupt)
-        #: Records replaced because their image could not be decoded (``skip_corrupt``), since the parser was made.
+        #: Records zeroed because their image could not be decoded (``skip_corrupt``), since the parser was made.
         self.skipped_images = 0
-        #: The DecodeErrors of the records replaced by the last parse call (``skip_corrupt``).
+        #: The DecodeErrors of the records zeroed by the last parse call (``skip_corrupt``).
         self.last_skipped: list = []
+        #: Their rows in that call's output arrays, ascending.
+        self.last_skipped_rows: list[int] = []
         self._compiled = _example.CompiledSpec(features)
         self._spans = np.zeros((0, 2), np.int64)
         self._checked: dict = {}
@@ -184,20 +189,12 @@ class ExampleParser:
                     if not self.skip_corrupt:
                         raise error from None
                     bad[i] = error
-        self.last_skipped = list(bad.values())
-        if bad:
-            self._replace_rows(out, start, len(records), bad)
-
-    def _replace_rows(self, out: dict, start: int, n: int, bad: dict) -> None:
-        """Copies every feature of the nearest good record over each of the ``bad`` ones."""
-        good = [i for i in range(n) if i not in bad]
-        if not good:                               # nothing to repeat
-            raise next(iter(bad.values()))
-        for i, error in bad.items():
-            source = min(good, key=lambda g: (abs(g - i), g))
+        self.last_skipped = [bad[i] for i in sorted(bad)]
+        self.last_skipped_rows = [start + i for i in sorted(bad)]
+        for row in self.last_skipped_rows:         # every feature of the record: none of it is to be seen
             for arr in out.values():
                 for part in (arr if isinstance(arr, Padded) else (arr,)):
-                    part[start + i] = part[start + source]
+                    part[row] = 0
         self.skipped_images += len(bad)
 
     def _outputs(self, out: dict) -> tuple[list, list]:

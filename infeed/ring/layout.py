@@ -28,7 +28,8 @@ __all__ = ["MAGIC", "VERSION", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD",
 MAGIC = b"INFEEDRB"
 #: 3: the creator and the workers hold locks (:mod:`infeed.ring.locks`); liveness no longer reads pids.
 #: 4: per-stage counters in the worker table (:data:`WORKER`), the ring's start time in the header.
-VERSION = 4
+#: 5: ``skipped`` in the worker table: records made padding rows (``skip_corrupt``).
+VERSION = 5
 #: The header's ``state`` once the creator has written everything: attachers refuse a ring before that.
 READY = 1
 ALIGN = 64
@@ -50,13 +51,14 @@ HEADER = np.dtype([
 SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i8"), ("steps", "<i8"),
                  ("cursor", "<i8", (2,))])
 #: A worker's entry: its pid (a hint for messages), when it registered and last beat (``time.monotonic_ns``),
-#: what it delivered (``bytes``: of the records decoded), and its time per stage since it registered:
+#: what it delivered (``bytes``: of the records decoded; ``skipped``: records made padding rows, which ``records``
+#: does not count), and its time per stage since it registered:
 #: ``read_ns`` (opening and reading files, ``inflate_ns`` within it), ``crc_ns``, ``decode_ns`` (into the
 #: slot) and ``wait_ns`` (for a free slot); ``read_bytes`` came out of its streams (inflated),
 #: ``compressed_bytes`` went into inflating. Its other time is planning and moving past others' records.
 WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
-                   ("records", "<i8"), ("bytes", "<i8"), ("decode_ns", "<i8"), ("wait_ns", "<i8"),
-                   ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"), ("read_bytes", "<i8"),
+                   ("records", "<i8"), ("bytes", "<i8"), ("skipped", "<i8"), ("decode_ns", "<i8"),
+                   ("wait_ns", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"), ("read_bytes", "<i8"),
                    ("compressed_bytes", "<i8")])
 #: The fields a worker's record readers count (``STAGE_TOTALS``, stored as they come), last.
 READER_FIELDS = WORKER.names[-len(STAGE_TOTALS):]

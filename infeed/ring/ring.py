@@ -71,8 +71,9 @@ from infeed.ring.slots import FILLED, FREE, READING, STATE_NAMES, WRITING, SlotI
 
 __all__ = ["Ring"]
 
-_BEAT, _BATCHES, _RECORDS, _BYTES, _DECODE, _WAIT, _READERS = (
-    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "decode_ns", "wait_ns", READER_FIELDS[0]))
+_BEAT, _BATCHES, _RECORDS, _BYTES, _SKIPPED, _DECODE, _WAIT, _READERS = (
+    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "skipped", "decode_ns", "wait_ns",
+                               READER_FIELDS[0]))
 
 #: How often a waiter wakes to check its peer is alive (it wakes at once on a post).
 CHECK_INTERVAL = 0.1
@@ -450,18 +451,21 @@ class Ring:
             if pid > 0 and k not in self._locked_workers and not locks.is_held(self._fd, locks.worker_byte(k)):
                 raise WorkerDied(pid, detail=f"worker {k} registered with ring {self.name}, no longer running")
 
-    def count_work(self, index: int, batches: int = 0, records: int = 0, nbytes: int = 0,
+    def count_work(self, index: int, batches: int = 0, records: int = 0, nbytes: int = 0, skipped: int = 0,
                    decode_ns: int = 0, wait_ns: int = 0, readers: tuple | None = None) -> None:
         """Adds to worker ``index``'s counters (what :meth:`workers` reports) and beats its heart.
+
+        ``records``: the records delivered; ``skipped``: those made padding rows instead (``skip_corrupt``).
 
         ``readers``: the totals of the worker's record readers so far, stored as they are
         (``infeed.tfrecord._tfrecord.stage_totals()``: read, inflate and CRC ns, bytes read and inflated)."""
         w, q = self._worker0 + WORKER_WORDS * index, self._q
         q[w + _BEAT] = time.monotonic_ns()
-        if batches or records:
+        if batches or records or skipped:
             q[w + _BATCHES] += batches
             q[w + _RECORDS] += records
             q[w + _BYTES] += nbytes
+            q[w + _SKIPPED] += skipped
         q[w + _DECODE] += decode_ns
         q[w + _WAIT] += wait_ns
         if readers is not None:

@@ -379,3 +379,35 @@ def test_checkpoint_dir_puts_the_checkpoints_apart_from_model_dir(files, tmp_pat
     with pytest.raises(est.NoCheckpointError, match="elsewhere"):
         est.Estimator(model_fn, init_fn, optax.sgd(0.1), est.RunConfig(
             model_dir=str(tmp_path / "model"), checkpoint_dir=tmp_path / "elsewhere")).get_variables()
+
+
+def test_images_skipped_as_corrupt_are_masked_out_of_training_and_evaluation(tmp_path, caplog):
+    import simplejpeg
+
+    good = simplejpeg.encode_jpeg(np.full((8, 8, 3), 200, np.uint8))
+    path = str(tmp_path / "images.tfrecord")
+    bad = {1, 6, 7, 12}
+    with infeed.TFRecordWriter(path) as w:
+        for i in range(16):
+            w.write(infeed.encode_example({"image/encoded": b"GIF89a..." if i in bad else good, "label": [1 + i % 3]}))
+    spec = {"image": infeed.Image(size=(4, 4)), "label": infeed.FixedLen((), "int64")}
+
+    def input_fn(**kw):
+        return lambda params: infeed.Dataset(path, spec, batch_size=params["batch_size"], labels="label",
+                                             skip_corrupt=True, **kw)
+
+    def image_model(variables, features, labels, mode, params):
+        zero_image = jnp.all(features["image"] == 0, axis=(1, 2, 3))
+        # A padding row (zeros, label 0) costs 1000 if it is not masked out; a real row costs 0.
+        loss = jnp.where(zero_image | (labels == 0), 1000.0, 0.0) + 0.0 * variables["w"]
+        return est.EstimatorSpec(mode, loss=loss, eval_metrics={"count": est.metrics.sum(jnp.ones_like(loss))})
+
+    config = est.RunConfig(model_dir=str(tmp_path / "model"), iterations_per_loop=2, log_step_count_steps=1)
+    e = est.Estimator(image_model, lambda rng, features: {"w": jnp.zeros(())}, optax.sgd(0.1), config,
+                      train_batch_size=16, eval_batch_size=8)
+    with caplog.at_level(logging.INFO, logger="estimator"):
+        e.train(input_fn(num_epochs=None), max_steps=4)          # every batch holds the 4 padding rows
+    assert "Loss for final step: 0." in caplog.text
+    assert re.findall(r"loss = ([0-9.e+-]+), step", caplog.text) == ["0"] * 3          # steps 1, 2 and 4
+    result = e.evaluate(input_fn())
+    assert result["examples"] == 12 and result["count"] == 12 and result["loss"] == 0.0

@@ -336,6 +336,19 @@ def test_parsers_decode_right_from_many_threads_at_once(dense):
                for k, g in enumerate(threaded))
 
 
+def test_skip_corrupt_images_are_zero_rows_flagged_in_the_padding_mask_like_the_daemon(tmp_path):
+    simplejpeg = pytest.importorskip("simplejpeg")
+    good = simplejpeg.encode_jpeg(np.full((8, 8, 3), 90, np.uint8))
+    records = [infeed.encode_example({"image": b"GIF89a..." if i in (1, 4) else good, "id": i}) for i in range(5)]
+    spec = {"image": infeed.Image(size=(4, 4), key="image"), "id": infeed.FixedLen((), "int64")}
+    batch = ParseBatch(spec, pad_to=6, skip_corrupt=True)(records)
+    assert batch["is_padding"].tolist() == [False, True, False, False, True, True]
+    assert batch["id"].tolist() == [0, 0, 2, 3, 0, 0] and not batch["image"][[1, 4, 5]].any()
+    assert ParseBatch(spec, skip_corrupt=True)(records[:3])["is_padding"].tolist() == [False, True, False]
+    with pytest.raises(ValueError, match="'is_padding' clashes with the padding mask of skip_corrupt"):
+        ParseBatch({**spec, "is_padding": infeed.FixedLen((), "int64")}, skip_corrupt=True)
+
+
 def test_random_image_crops_need_grains_random_map(tmp_path):
     simplejpeg = pytest.importorskip("simplejpeg")
     path = str(tmp_path / "images.tfrecord")

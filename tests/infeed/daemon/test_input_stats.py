@@ -13,7 +13,7 @@ from infeed.daemon.input_stats import WORKER_STAGES, InputStats, WorkerStats
 
 def worker(index=0, elapsed=10.0, read=0.0, inflate=0.0, crc=0.0, decode=0.0, wait=0.0, read_bytes=0, pid=100):
     return WorkerStats.from_counters({
-        "index": index, "pid": pid, "elapsed_s": elapsed, "since_beat": 0.0, "batches": 100, "records": 1000,
+        "index": index, "pid": pid, "elapsed_s": elapsed, "since_beat": 0.0, "batches": 100, "records": 1000, "skipped": 0,
         "bytes": 10**6, "read_s": read + inflate, "inflate_s": inflate, "crc_s": crc, "decode_s": decode,
         "wait_s": wait, "read_bytes": read_bytes, "compressed_bytes": 0})
 

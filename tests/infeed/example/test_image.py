@@ -456,30 +456,74 @@ def test_a_missing_image_or_two_values_is_a_decode_error():
         parser.parse([encode_example({"image/encoded": [GOOD, GOOD]})])
 
 
-def test_skip_corrupt_repeats_the_nearest_good_record_and_counts_it():
+def test_skip_corrupt_makes_a_bad_images_record_a_zero_row_never_a_copy_of_another():
     parser = ExampleParser({"image": Image(size=(16, 16)), "label": FixedLen((), "int64")}, skip_corrupt=True)
-    records = [record(b"bad", 0), record(GOOD, 1), record(b"", 2), record(jpeg(photo(40, 40, seed=3)), 3)]
+    records = [record(b"bad", 7), record(GOOD, 1), record(b"", 9), record(jpeg(photo(40, 40, seed=3)), 3)]
     out = parser.parse(records)
-    assert out["label"].tolist() == [1, 1, 1, 3]
-    assert np.array_equal(out["image"][0], out["image"][1]) and np.array_equal(out["image"][2], out["image"][1])
-    assert parser.skipped_images == 2 and [e.record_index for e in parser.last_skipped] == [0, 2]
-    with pytest.raises(DecodeError, match="neither JPEG nor PNG"):
-        parser.parse([record(b"bad"), record(b"worse")])
+    assert out["label"].tolist() == [0, 1, 0, 3]
+    assert not out["image"][0].any() and not out["image"][2].any() and out["image"][1].any()
+    assert parser.skipped_images == 2 and parser.last_skipped_rows == [0, 2]
+    assert [e.record_index for e in parser.last_skipped] == [0, 2]
+    out = parser.allocate(4)
+    parser.parse([record(b"bad"), record(b"worse")], out, start=2)      # a batch of nothing but bad images
+    assert parser.last_skipped_rows == [2, 3] and parser.skipped_images == 4 and not out["image"].any()
+    parser.parse([record(GOOD, 5)])
+    assert parser.last_skipped_rows == [] and parser.last_skipped == []
 
 
-def test_a_daemon_names_the_file_of_a_bad_image_or_skips_it_with_a_warning(tmp_path, caplog):
-    path = str(tmp_path / "bad.tfrecord")
+def _bad_image_records(path, bad=(1, 6, 7, 12)):
+    """16 records with ids 0..15 (+100 for a label) of which those in ``bad`` hold an image that does not decode."""
     with infeed.TFRecordWriter(path) as w:
-        for i in range(6):
-            w.write(encode_example({"image/encoded": GOOD if i != 4 else b"GIF89a...", "id": i}))
+        for i in range(16):
+            w.write(encode_example({"image/encoded": b"GIF89a..." if i in bad else GOOD, "id": i, "label": 100 + i}))
+    return set(bad)
+
+
+def test_a_daemon_names_the_file_of_a_bad_image_or_skips_it_with_a_warning(tmp_path, capfd):
+    path = str(tmp_path / "bad.tfrecord")
+    bad = _bad_image_records(path)
     spec = {"image": Image(size=(16, 16)), "id": FixedLen((), "int64")}
-    with pytest.raises(DecodeError, match=r"bad\.tfrecord: record 4 \(byte \d+\): feature 'image/encoded'"):
-        with Daemon(Dataset(path, spec, batch_size=3), num_workers=2, lock_memory=False, timeout=60) as feed:
+    with pytest.raises(DecodeError, match=r"bad\.tfrecord: record 1 \(byte \d+\): feature 'image/encoded'"):
+        with Daemon(Dataset(path, spec, batch_size=4), num_workers=2, lock_memory=False, timeout=60) as feed:
             list(feed)
-    with Daemon(Dataset(path, spec, batch_size=3, skip_corrupt=True), num_workers=2, lock_memory=False,
+    capfd.readouterr()
+    with Daemon(Dataset(path, spec, batch_size=4, skip_corrupt=True), num_workers=2, lock_memory=False,
                 timeout=60) as feed:
-        ids = [batch["id"].tolist() for batch in feed]
-    assert ids == [[0, 1, 2], [3, 3, 5]]
+        batches = list(feed)
+    logged = capfd.readouterr().err                                # the workers' warnings
+    assert all(f"bad.tfrecord: record {i}: feature 'image/encoded': expected a JPEG or PNG image" in logged
+               for i in bad)
+    assert logged.count("skipped (skip_corrupt): its row is zeros, flagged in is_padding") == len(bad)
+    assert [b["id"].tolist() for b in batches] == [[0, 0, 2, 3], [4, 5, 0, 0], [8, 9, 10, 11], [0, 13, 14, 15]]
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_skipped_images_are_padding_rows_counted_in_stats_the_same_for_any_workers_and_a_resume(tmp_path, workers):
+    path = str(tmp_path / "bad.tfrecord")
+    bad = _bad_image_records(path)
+    spec = {"image": Image(size=(16, 16)), "id": FixedLen((), "int64"), "label": FixedLen((), "int64")}
+    dataset = Dataset(path, spec, batch_size=4, skip_corrupt=True, labels="label", shuffle_buffer=8, seed=3)
+    with Daemon(dataset, num_workers=workers, lock_memory=False, timeout=60) as feed:
+        batches = [{k: np.array(v) for k, v in b.items()} for b in feed]
+        stats = feed.stats()
+    real = [int(i) for b in batches for i, pad in zip(b["id"], b["is_padding"]) if not pad]
+    assert sorted(real) == sorted(set(range(16)) - bad)                  # each good record once
+    for b in batches:
+        pads = b["is_padding"]
+        assert not b["image"][pads].any() and not b["label"][pads].any() and not b["id"][pads].any()
+        assert (b["label"][~pads] == b["id"][~pads] + 100).all()
+    assert sum(int(b["is_padding"].sum()) for b in batches) == len(bad)
+    assert stats.skipped == len(bad) and sum(w.records for w in stats.workers) == 16 - len(bad)
+    assert stats.to_json()["skipped"] == len(bad)
+    with Daemon(dataset, num_workers=2, lock_memory=False, timeout=60) as feed:          # another W
+        assert [b["id"].tolist() for b in feed] == [b["id"].tolist() for b in batches]
+    with Daemon(dataset, num_workers=1, lock_memory=False, timeout=60) as feed:
+        next(iter(feed))
+        state = feed.state()
+    with Daemon(dataset, num_workers=workers, state=state, lock_memory=False, timeout=60) as feed:   # a resume
+        resumed = [{k: np.array(v) for k, v in b.items()} for b in feed]
+    for got, want in zip(resumed, batches[1:], strict=True):
+        assert got["is_padding"].tolist() == want["is_padding"].tolist() and got["id"].tolist() == want["id"].tolist()
 
 
 def test_pillow_missing_names_the_extra(monkeypatch):
