@@ -24,7 +24,11 @@ state donated and carried from one run to the next (training goes on):
 - ``compile_loop K=100 + host_call`` (``tiny``): the same loop whose step also
   calls ``xla_runtime.host_call(fn, loss)`` (``fn`` counts its calls); the
   timing ``host_call cost per step`` is the difference of the two, per run,
-  in microseconds per step;
+  in microseconds per step; and ``compile_loop K=100 + host_call after_loop``:
+  the same call with ``after_loop=True`` (its argument carried out of the loop,
+  ``fn`` run on a host thread after the program), each run timed until every
+  call has run (``xla_runtime.wait_for_host_calls``), and its cost likewise
+  (target: under :data:`HOST_AFTER_TARGET_US`);
 - what else a compiled loop can gain on ``tiny`` (see ``VARIANTS``):
   ``compile_loop K=1000 unroll=4`` (``lax.scan``'s ``unroll`` through
   compile_loop), and the whole run's batches as one ``[steps, B, ...]`` slab
@@ -80,8 +84,8 @@ from bench.children import child_main, run_child
 from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log
 
 __all__ = ["run", "default_steps", "figure_names", "timing_names", "ratio_targets", "group_name", "cl_name",
-           "MODELS", "DEVICES", "BATCH", "KS", "SCAN_K", "IN_FLIGHT", "PY", "SCAN", "HOST", "TTFS", "HOST_COST",
-           "VARIANTS", "TARGETS", "CHECK_STEPS"]
+           "MODELS", "DEVICES", "BATCH", "KS", "SCAN_K", "IN_FLIGHT", "PY", "SCAN", "HOST", "HOST_AFTER", "TTFS",
+           "HOST_COST", "HOST_AFTER_COST", "HOST_AFTER_TARGET_US", "VARIANTS", "TARGETS", "CHECK_STEPS"]
 
 SUITE = "loop"
 #: This module, as the suite's measuring process runs it (``python -m bench.loop_suite --child JSON``).
@@ -104,9 +108,14 @@ CHILD_TIMEOUT = 1200
 PY = "per-step python loop"
 SCAN = f"hand-written scan K={SCAN_K}"
 HOST = f"compile_loop K={SCAN_K} + host_call"
+HOST_AFTER = f"compile_loop K={SCAN_K} + host_call after_loop"
 TTFS = f"time to first step: compile_loop K={SCAN_K}"
 TTFS_CACHED = f"{TTFS}, persistent cache"
 HOST_COST = f"host_call cost per step (K={SCAN_K})"
+HOST_AFTER_COST = f"host_call after_loop cost per step (K={SCAN_K})"
+#: Microseconds a step may pay for a host call after the loop (issue 30: a host function that returns nothing
+#: must not stall the device every step; the call during the loop costs 70-110 us here).
+HOST_AFTER_TARGET_US = 20.0
 #: Extra rows for the tiny model: what else gets a compiled loop further.
 VARIANTS = ("compile_loop K=1000 unroll=4", "compile_loop, whole run in 1 call, unroll=4",
             "hand-written scan, whole run in 1 call, unroll=4", "hand-written fori_loop over slab, whole run in 1 call")
@@ -135,14 +144,14 @@ def default_steps(model: str, devices: int, quick: bool = False) -> int:
 def figure_names(model: str, variants: bool = True) -> list[str]:
     names = [PY, SCAN, *(cl_name(k) for k in KS[model])]
     if model == "tiny":
-        names.append(HOST)
+        names += [HOST, HOST_AFTER]
         if variants:
             names += list(VARIANTS)
     return names
 
 
 def timing_names(model: str) -> list[str]:
-    return [TTFS, TTFS_CACHED] + ([HOST_COST] if model == "tiny" else [])
+    return [TTFS, TTFS_CACHED] + ([HOST_COST, HOST_AFTER_COST] if model == "tiny" else [])
 
 
 def ratio_targets(model: str, variants: bool = True) -> dict[str, float | None]:
@@ -217,9 +226,10 @@ class _Pipeline:
     :data:`IN_FLIGHT` calls are left in flight.
     """
 
-    def __init__(self, name: str, fn, inputs: list, state, steps_per_call: int, examples: int):
+    def __init__(self, name: str, fn, inputs: list, state, steps_per_call: int, examples: int, finish=None):
         self.name, self.fn, self.inputs, self.state = name, fn, inputs, state
         self.steps_per_call, self.examples = steps_per_call, examples
+        self.finish = finish                   # what else a run waits for once its programs are done
 
     def calls(self, inputs, keep: bool = False) -> list:
         """Calls ``fn`` on each of ``inputs`` in turn; returns every call's outputs when ``keep``."""
@@ -234,6 +244,8 @@ class _Pipeline:
             if len(window) > IN_FLIGHT:
                 jax.block_until_ready(window.popleft())
         jax.block_until_ready((state, list(window)))
+        if self.finish is not None:
+            self.finish()
         self.state = state
         return outputs
 
@@ -297,18 +309,22 @@ def _measure_model(model: str, steps: int, repeats: int, ttfs_samples: int, vari
                            fresh(), SCAN_K, examples))
     for k in ks:
         pipes.append(_Pipeline(cl_name(k), xr.compile_loop(step, k, mesh), stacked[k], fresh(), k, examples))
-    host_calls = [0]
+    host_calls = {HOST: 0, HOST_AFTER: 0}
     if model == "tiny":
-        def count(loss):
-            host_calls[0] += 1
+        def counting(name: str, after_loop: bool):
+            def count(loss):
+                host_calls[name] += 1
 
-        def step_with_call(state, batch):
-            state, loss = step(state, batch)
-            xr.host_call(count, loss)
-            return state, loss
+            def step_with_call(state, batch):
+                state, loss = step(state, batch)
+                xr.host_call(count, loss, after_loop=after_loop)
+                return state, loss
+            return step_with_call
 
-        pipes.append(_Pipeline(HOST, xr.compile_loop(step_with_call, SCAN_K, mesh), stacked[SCAN_K], fresh(),
+        pipes.append(_Pipeline(HOST, xr.compile_loop(counting(HOST, False), SCAN_K, mesh), stacked[SCAN_K], fresh(),
                                SCAN_K, examples))
+        pipes.append(_Pipeline(HOST_AFTER, xr.compile_loop(counting(HOST_AFTER, True), SCAN_K, mesh),
+                               stacked[SCAN_K], fresh(), SCAN_K, examples, finish=xr.wait_for_host_calls))
         if variants:
             k = max(ks)
             slab = [jax.device_put(host, stacked_sh)]
@@ -341,13 +357,15 @@ def _measure_model(model: str, steps: int, repeats: int, ttfs_samples: int, vari
             raise RuntimeError(f"{group}: {p.name} gives the losses {got.tolist()} for the first {CHECK_STEPS} "
                                f"steps, the per-step loop {want.tolist()}")
     compile_s = time.perf_counter() - began
-    calls_before = host_calls[0]
+    calls_before = dict(host_calls)
 
     runs = f"{repeats} run{'s' if repeats != 1 else ''}"
     _log(f"loop: {group}: timing {len(pipes)} pipelines, {steps} steps each, {runs} ...")
     measured = interleave([Case(p.name, p.run, examples, nbytes) for p in pipes], repeats, warmup=0)
-    if model == "tiny" and host_calls[0] - calls_before != repeats * steps:
-        raise RuntimeError(f"{group}: host_call ran {host_calls[0] - calls_before} times for {repeats * steps} steps")
+    for name, before in calls_before.items():
+        if model == "tiny" and host_calls[name] - before != repeats * steps:
+            raise RuntimeError(f"{group}: {name}: host_call ran {host_calls[name] - before} times for "
+                               f"{repeats * steps} steps")
     seconds = {m.case.name: m.seconds for m in measured}
 
     _log(f"loop: {group}: time to first step, {ttfs_samples} fresh compile_loop(K={SCAN_K}) ...")
@@ -361,8 +379,9 @@ def _measure_model(model: str, steps: int, repeats: int, ttfs_samples: int, vari
         ttfs.append(loop.time_to_first_step * 1e3)
     timings = {TTFS: ("ms", ttfs)}
     if model == "tiny":
-        timings[HOST_COST] = ("us", [(with_call - without) / steps * 1e6
-                                     for with_call, without in zip(seconds[HOST], seconds[cl_name(SCAN_K)])])
+        for name, cost in ((HOST, HOST_COST), (HOST_AFTER, HOST_AFTER_COST)):
+            timings[cost] = ("us", [(with_call - without) / steps * 1e6
+                                    for with_call, without in zip(seconds[name], seconds[cl_name(SCAN_K)])])
     return {"group": group, "devices": d, "steps": steps, "batch": b, "nbytes": nbytes, "seconds": seconds,
             "timings": timings, "compile_and_check_s": compile_s}
 
@@ -498,7 +517,8 @@ def _add_group(result: SuiteResult, model: str, got: dict, variants: bool, suite
         result.figures.append(dataclasses.replace(fig, batches=steps))
     for name in [n for n in timing_names(model) if n in got["timings"]]:     # the transfer suite has no cache's
         unit, values = got["timings"][name]
-        result.timings.append(Timing.of(suite, group, name, unit, values))
+        target = HOST_AFTER_TARGET_US if name == HOST_AFTER_COST else None
+        result.timings.append(Timing.of(suite, group, name, unit, values, target_max=target))
     for name, target in ratio_targets(model, variants).items():
         num, den = name.split(" / ")
         value = result.figure(group, num).records_per_s / result.figure(group, den).records_per_s
@@ -525,7 +545,8 @@ def _notes(result: SuiteResult, models, devices, variants) -> list[str]:
             "cache': the same in a process with JAX's persistent compilation cache on, the program already in it "
             "(written by a first loop, not counted). host_call "
             f"cost: (run with host_call - run without) / steps, per interleaved pair of runs (tiny model only: on "
-            "the mlp it is within the noise of a 3-20 ms step).")]
+            "the mlp it is within the noise of a 3-20 ms step); after_loop: the same, each run timed until its "
+            "host calls have all run on the host thread (xla_runtime.wait_for_host_calls).")]
     for d in devices:
         g = group_name("tiny", d)
         if "tiny" not in models:

@@ -286,6 +286,7 @@ class Estimator:
                 _log.warning("the input ended at step %d, before step %d", step, target)
             if input_before is not None:
                 _log_input_stats(source.stats().since(input_before))
+            xr.wait_for_host_calls()                # model_fn's xr.host_call(..., after_loop=True) calls: all run
             self.checkpoints.wait()
             done = True
         except BaseException as e:

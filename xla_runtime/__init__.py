@@ -11,10 +11,10 @@ from xla_runtime.collectives import cross_replica_mean
 from xla_runtime.compilation import CompileWatch, compilation_cache_dir, enable_compilation_cache
 from xla_runtime.context import current_step
 from xla_runtime.feeder import Feeder, FeederStats
-from xla_runtime.host_calls import HostCallError, every_n, host_call, raise_host_call_error
+from xla_runtime.host_calls import HostCallError, every_n, host_call, raise_host_call_error, wait_for_host_calls
 from xla_runtime.loop import CompiledLoop, compile_loop
 from xla_runtime.mesh import make_mesh, replicated, state_shardings
 
 __all__ = ["CompileWatch", "CompiledLoop", "Feeder", "FeederStats", "HostCallError", "P", "compilation_cache_dir",
            "compile_loop", "cross_replica_mean", "current_step", "enable_compilation_cache", "every_n", "host_call",
-           "make_mesh", "raise_host_call_error", "replicated", "state_shardings"]
+           "make_mesh", "raise_host_call_error", "replicated", "state_shardings", "wait_for_host_calls"]

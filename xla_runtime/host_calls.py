@@ -11,13 +11,28 @@
 >>> seen
 [(0, 0.0), (2, 20.0), (4, 40.0)]
 
-**Prefer the loop's outputs.** Per-step values a step returns come back from
-the loop stacked ``[K, ...]`` in one transfer, to be handed to host functions
-(metrics, summaries) after the loop: nothing stops inside the program. Use
-:func:`host_call` / :func:`every_n` only for what must happen *during* the
-loop (logging progress mid-loop, writing something at a given step).
+**After the loop, or during it.** A host function that only consumes its
+arguments (logging, summaries, counters) need not run while the program runs:
+with ``after_loop=True`` its arguments become outputs of the loop, stacked
+``[K, ...]`` and moved to the host in one transfer, and ``fn`` runs once per
+step, in step order, on a thread of the host once the program has ended
+(:func:`wait_for_host_calls` waits for them): nothing stops inside the
+program, and the device never waits for the host. Without it, ``fn`` runs
+*during* the loop, inside the step (what must happen at that moment: progress
+mid-loop, something written at a given step), at the costs below. Outside
+:func:`xla_runtime.compile_loop` (a ``lax.scan`` of your own) there is no loop
+to carry the arguments out of, and ``after_loop=True`` calls run during it.
 
-**Ordering.** Each call is an ``io_callback(..., ordered=True)``: within a
+**Ordering after the loop.** Within a loop, step by step, and within a step
+in the order they are written; loop after loop, in the order the loops were
+dispatched from this process (one host thread runs them); after every
+in-loop call of the same loop. ``every_n(n, fn, ..., after_loop=True)``
+carries its arguments out of every step and calls ``fn`` on every ``n``-th.
+At most :data:`AFTER_LOOP_PENDING` loops' calls wait to run: a loop's
+dispatch waits while more do (the host functions are slower than the
+device), so their arguments take bounded memory.
+
+**Ordering during the loop.** Each call is an ``io_callback(..., ordered=True)``: within a
 program, calls happen in program order (step 0's before step 1's, and in the
 order they are written within a step), and across programs in the order the
 programs were dispatched from this thread. A call runs once per step it is
@@ -35,7 +50,7 @@ refuses host calls on values being differentiated or vmapped ("IO callbacks
 do not support JVP", "Cannot `vmap` ordered IO callback"): pass what
 ``value_and_grad`` returned.
 
-**Costs.** ``fn`` runs synchronously inside the step, on the runtime's
+**Costs during the loop.** ``fn`` runs synchronously inside the step, on the runtime's
 thread, holding the GIL: devices waiting for the next collective wait for
 it, so keep it short (hand slow work to a queue). Each call also pays the
 gather and device-to-host copy of its arrays, JAX's ``io_callback`` (about
@@ -61,10 +76,13 @@ loop's results are ready.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import contextvars
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -74,11 +92,20 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from xla_runtime.context import current_step
 
-__all__ = ["HostCallError", "every_n", "host_call", "raise_host_call_error"]
+__all__ = ["AFTER_LOOP_PENDING", "HostCallError", "every_n", "host_call", "raise_host_call_error",
+           "wait_for_host_calls"]
+
+#: Loops whose after-loop host calls may wait to run before the next loop's dispatch waits for them.
+AFTER_LOOP_PENDING = 2
 
 _log = logging.getLogger("xla_runtime")
 _lock = threading.Lock()
 _failure: HostCallError | None = None
+#: The after-loop host calls of the step being traced, while compile_loop traces one (:func:`carrying_out`).
+_carried: contextvars.ContextVar[list | None] = contextvars.ContextVar("xla_runtime_after_loop", default=None)
+_after_loop_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xla_runtime-after-loop")
+_after_loop_slots = threading.BoundedSemaphore(AFTER_LOOP_PENDING)
+_after_loop_pending: list[concurrent.futures.Future] = []
 
 
 class HostCallError(RuntimeError):
@@ -90,23 +117,85 @@ class HostCallError(RuntimeError):
         self.step = step
 
 
-def host_call(fn: Callable, *arrays) -> None:
+def host_call(fn: Callable, *arrays, after_loop: bool = False) -> None:
     """From inside a step: ``fn(*arrays)`` on the host with numpy copies of ``arrays``
-    (arrays or pytrees of arrays, whole global values), once per step, in step order."""
+    (arrays or pytrees of arrays, whole global values), once per step, in step order:
+    during the loop, or with ``after_loop`` once its program has ended (see the module's docstring)."""
     _check_function("host_call", fn)
-    _emit(fn, False, current_step(), arrays)
+    step = current_step()
+    if not (after_loop and _carry_out(fn, False, 1, arrays)):
+        _emit(fn, False, step, arrays)
 
 
-def every_n(n: int, fn: Callable, *arrays) -> None:
+def every_n(n: int, fn: Callable, *arrays, after_loop: bool = False) -> None:
     """From inside a step: ``fn(step, *arrays)`` on the host on the steps whose global index is
-    a multiple of ``n`` (step 0 included), ``step`` a Python int; skipped inside the program
-    on the other steps."""
+    a multiple of ``n`` (step 0 included), ``step`` a Python int; during the loop (skipped inside
+    the program on the other steps), or with ``after_loop`` once its program has ended."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"every_n needs a positive int n, got {n!r}")
     _check_function("every_n", fn)
     step = current_step()
+    if after_loop and _carry_out(fn, True, n, arrays):
+        return
     jax.lax.cond(step % n == 0, lambda step, arrays: _emit(fn, True, step, arrays), lambda step, arrays: None,
                  step, arrays)
+
+
+def wait_for_host_calls() -> None:
+    """Waits until the after-loop host calls of every loop dispatched so far have run, then raises the
+    :class:`HostCallError` of one that failed (as :func:`raise_host_call_error`)."""
+    while _after_loop_pending:
+        _after_loop_pending.pop(0).result()
+    raise_host_call_error()
+
+
+@contextlib.contextmanager
+def carrying_out() -> Iterator[list]:
+    """Around the tracing of one step (compile_loop): collects its after-loop host calls, each
+    ``(fn, with_step, n, arrays)``, into the list it yields, in the order the step makes them."""
+    calls: list = []
+    token = _carried.set(calls)
+    try:
+        yield calls
+    finally:
+        _carried.reset(token)
+
+
+def run_after_loop(calls: list, first_step: int, steps: int, carried: list) -> None:
+    """Queues the host calls ``calls`` (``(fn, with_step, n)``, as :func:`carrying_out` collected them) of a
+    loop of ``steps`` steps from ``first_step``, with ``carried`` (their arguments, stacked ``[steps, ...]``,
+    device arrays the program is computing) to run on the host once those are ready. Waits first while
+    :data:`AFTER_LOOP_PENDING` loops' calls are queued."""
+    _after_loop_slots.acquire()
+    while _after_loop_pending and _after_loop_pending[0].done():
+        _after_loop_pending.pop(0)
+    future = _after_loop_thread.submit(_run_loop_calls, calls, first_step, steps, carried)
+    _after_loop_pending.append(future)
+
+
+def _run_loop_calls(calls: list, first_step: int, steps: int, carried: list) -> None:
+    try:
+        if jax.process_index() != 0:           # one process runs host functions, as during the loop
+            return
+        values = jax.device_get(carried)        # waits for the program: the device has long gone on
+        for i in range(steps):
+            step = first_step + i
+            for (fn, with_step, n), arrays in zip(calls, values):
+                if step % n == 0 and _failure is None:
+                    _invoke(fn, with_step, step, jax.tree.map(lambda x: x[i], arrays), copy=False)
+    except BaseException as error:             # noqa: BLE001 - the device_get: reported as the calls' failure
+        _record(calls[0][0] if calls else None, first_step, error)
+    finally:
+        _after_loop_slots.release()
+
+
+def _carry_out(fn: Callable, with_step: bool, n: int, arrays: tuple) -> bool:
+    """Adds the call to the step's after-loop calls; False outside compile_loop (nothing to carry it out of)."""
+    calls = _carried.get()
+    if calls is None:
+        return False
+    calls.append((fn, with_step, n, jax.tree.map(lambda x: jax.lax.stop_gradient(jnp.asarray(x)), arrays)))
+    return True
 
 
 def raise_host_call_error() -> None:
@@ -141,18 +230,27 @@ def _emit(fn: Callable, with_step: bool, step, arrays: tuple) -> None:
 
 def _call(fn: Callable, with_step: bool, step, arrays: tuple) -> None:
     """Runs on the runtime's thread, inside the program: never lets an exception out."""
-    global _failure
     if _failure is not None:
         return
-    step = int(np.asarray(step))            # int() of the jax.Array itself costs ~20 µs more
+    _invoke(fn, with_step, int(np.asarray(step)), arrays, copy=True)   # int() of the jax.Array: ~20 µs more
+
+
+def _invoke(fn: Callable, with_step: bool, step: int, arrays: tuple, copy: bool) -> None:
+    """``fn`` on numpy arrays (copies where the runtime may reuse the buffers); its exception is recorded."""
     try:
-        arrays = jax.tree.map(np.array, arrays)
+        arrays = jax.tree.map(np.array if copy else np.asarray, arrays)
         fn(step, *arrays) if with_step else fn(*arrays)
-    except BaseException as error:
-        name = getattr(fn, "__qualname__", repr(fn))
-        _log.exception("host function %s raised at step %d; later host calls are skipped", name, step)
-        failure = HostCallError(f"host function {name} raised {type(error).__name__} at step {step}: {error}", step)
-        failure.__cause__ = error
-        with _lock:
-            if _failure is None:
-                _failure = failure
+    except BaseException as error:             # noqa: BLE001 - never into XLA, nor lost on the host thread
+        _record(fn, step, error)
+
+
+def _record(fn, step: int, error: BaseException) -> None:
+    global _failure
+    name = getattr(fn, "__qualname__", repr(fn))
+    _log.error("host function %s raised at step %d; later host calls are skipped", name, step,
+               exc_info=(type(error), error, error.__traceback__))
+    failure = HostCallError(f"host function {name} raised {type(error).__name__} at step {step}: {error}", step)
+    failure.__cause__ = error
+    with _lock:
+        if _failure is None:
+            _failure = failure

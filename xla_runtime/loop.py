@@ -14,10 +14,12 @@ step's batch; the loop takes the batches of ``iterations`` steps stacked
 ``[K, B, ...]`` (an infeed ring slot with ``steps_per_slot=K`` is exactly that)
 and returns the last state and every step's outputs stacked ``[K, ...]``, for
 host functions to read after the loop (the cheap way to get metrics out;
-:func:`xla_runtime.host_call` is the way to do something on the host *during*
-the loop). A host call that raised is reported as
-:class:`~xla_runtime.HostCallError` by the next call of the loop (by this one
-when it waits for its results anyway: its first call, or with ``check_finite``).
+:func:`xla_runtime.host_call` calls a host function for each step, during the
+loop or, with ``after_loop=True``, on a host thread once the program has
+ended, its arguments carried out as outputs). A host call that raised is
+reported as :class:`~xla_runtime.HostCallError` by the next call of the loop
+(by this one when it waits for its results anyway: its first call, or with
+``check_finite``), or by :func:`xla_runtime.wait_for_host_calls`.
 
 With several processes (``jax.distributed``), the mesh spans every process's
 devices and each process passes its own part of the batches (what its
@@ -56,7 +58,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from xla_runtime.context import in_loop
-from xla_runtime.host_calls import raise_host_call_error
+from xla_runtime.host_calls import carrying_out, raise_host_call_error, run_after_loop
 from xla_runtime.mesh import check_divisible, make_mesh, named, replicated, state_shardings
 
 __all__ = ["compile_loop", "CompiledLoop"]
@@ -107,6 +109,7 @@ class CompiledLoop:
         self._shardings = None                 # (state shardings, batch shardings) of that call
         self._traced: dict = {}                # steps -> abstract (state, batches) of each traced program
         self._traces = 0                       # programs traced (a retrace for new placements counts too)
+        self._after_loop: dict = {}            # steps -> the after-loop host calls its step makes (fn, with_step, n)
         self._executables: dict = {}           # steps -> Compiled, lowered again for inspection only
         self._last_steps = None
         self._next_step = None                 # the device scalar steps_run, returned by the last program
@@ -129,20 +132,23 @@ class CompiledLoop:
         self._traces += 1
         self._traced[steps] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (state, batches))
         step = self.step_fn
+        after_loop: list = []                  # the step's after-loop host calls: (fn, with_step, n)
 
         def body(carry, batch):
             state, i = carry
-            with in_loop(first_step + i):
+            with in_loop(first_step + i), carrying_out() as calls:
                 state, outputs = step(state, batch)
-            return (state, i + 1), outputs
+            after_loop[:] = [call[:3] for call in calls]
+            return (state, i + 1), (outputs, [call[3] for call in calls])
 
-        (state, _), outputs = jax.lax.scan(body, (state, jnp.int32(0)), batches, unroll=self.unroll)
+        (state, _), (outputs, carried) = jax.lax.scan(body, (state, jnp.int32(0)), batches, unroll=self.unroll)
+        self._after_loop[steps] = after_loop
         finite = None
         if self.check_finite:
             finite = jax.tree.map(
                 lambda x: jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim))) if jnp.issubdtype(x.dtype, jnp.inexact)
                 else jnp.ones(x.shape[:1], bool), outputs)
-        return state, outputs, finite, first_step + steps
+        return state, outputs, finite, first_step + steps, carried
 
     def _batch_shardings(self, batches):
         spec = self._batch_spec
@@ -197,8 +203,9 @@ class CompiledLoop:
             self._shardings = (state_shardings(state, self.mesh, self._state_spec), self._batch_shardings(batches))
             state_sh, batch_sh = self._shardings
             rep = replicated(self.mesh)
+            # the after-loop host calls' arguments replicated: whole on every process, for the one that runs them
             self._jit = jax.jit(self._run, in_shardings=(state_sh, batch_sh, rep),
-                                out_shardings=(state_sh, None, rep, rep),
+                                out_shardings=(state_sh, None, rep, rep, rep),
                                 donate_argnums=(0,) if self.donate_state else ())
         elif _signature(batches)[0] != jax.tree.structure(self._shardings[1]):
             raise ValueError(_describe_change("batch", (jax.tree.structure(self._shardings[1]), ()),
@@ -219,7 +226,9 @@ class CompiledLoop:
         first_call = self.time_to_first_step is None
         traces = self._traces
         began = time.perf_counter()
-        state, outputs, finite, self._next_step = self._jit(state, batches, step_index)
+        state, outputs, finite, self._next_step, carried = self._jit(state, batches, step_index)
+        if self._after_loop.get(steps):
+            run_after_loop(self._after_loop[steps], start, steps, carried)
         if self._traces != traces:
             self.compile_seconds.append(time.perf_counter() - began)
             _log.info("compiled a loop of %d steps in %.2f s", steps, self.compile_seconds[-1])

@@ -37,7 +37,9 @@ def _check(text: str, doc: dict, devices: list, models: list, variants: bool) ->
         assert f["records"] == f["batches"] * suite.BATCH[model]
     assert {(t["group"], t["name"]) for t in doc["timings"]} == timings
     for t in doc["timings"]:
-        assert t["samples"] >= 1 and 0 < t["min"] <= t["median"] <= t["p90"] <= t["max"] and t["target_max"] is None
+        assert t["samples"] >= 1 and t["min"] <= t["median"] <= t["p90"] <= t["max"]
+        assert t["min"] > 0 or t["name"] == suite.HOST_AFTER_COST           # a difference of runs: noise may go below 0
+        assert t["target_max"] == (suite.HOST_AFTER_TARGET_US if t["name"] == suite.HOST_AFTER_COST else None)
     assert {(r["group"], r["name"], r["target"]) for r in doc["ratios"]} == ratios
     assert all(r["value"] > 0 and (r["met"] is None) == (r["target"] is None) for r in doc["ratios"])
     # The targets: compile_loop K=100 within 3% of a hand-written scan (both models), 1.7x a per-step loop (tiny).
