@@ -178,11 +178,12 @@ def _run_loop_calls(calls: list, first_step: int, steps: int, carried: list) -> 
         if jax.process_index() != 0:           # one process runs host functions, as during the loop
             return
         values = jax.device_get(carried)        # waits for the program: the device has long gone on
+        flat = [(fn, with_step, n, *jax.tree.flatten(arrays)) for (fn, with_step, n), arrays in zip(calls, values)]
         for i in range(steps):
             step = first_step + i
-            for (fn, with_step, n), arrays in zip(calls, values):
+            for fn, with_step, n, leaves, tree in flat:
                 if step % n == 0 and _failure is None:
-                    _invoke(fn, with_step, step, jax.tree.map(lambda x: x[i], arrays), copy=False)
+                    _invoke(fn, with_step, step, tree.unflatten([leaf[i] for leaf in leaves]))
     except BaseException as error:             # noqa: BLE001 - the device_get: reported as the calls' failure
         _record(calls[0][0] if calls else None, first_step, error)
     finally:
@@ -203,6 +204,8 @@ def raise_host_call_error() -> None:
     whichever loop ran it) since the last call, and clears it (so host functions run again). Host functions run while a program
     runs, after its dispatch returned: call this once the loop's results are ready."""
     global _failure
+    if _failure is None:                   # every loop call asks: no lock for the usual answer
+        return
     with _lock:
         failure, _failure = _failure, None
     if failure is not None:
@@ -232,13 +235,13 @@ def _call(fn: Callable, with_step: bool, step, arrays: tuple) -> None:
     """Runs on the runtime's thread, inside the program: never lets an exception out."""
     if _failure is not None:
         return
-    _invoke(fn, with_step, int(np.asarray(step)), arrays, copy=True)   # int() of the jax.Array: ~20 µs more
+    # copies: the runtime may reuse its buffers once the callback returns; int() of the jax.Array: ~20 µs more
+    _invoke(fn, with_step, int(np.asarray(step)), jax.tree.map(np.array, arrays))
 
 
-def _invoke(fn: Callable, with_step: bool, step: int, arrays: tuple, copy: bool) -> None:
-    """``fn`` on numpy arrays (copies where the runtime may reuse the buffers); its exception is recorded."""
+def _invoke(fn: Callable, with_step: bool, step: int, arrays: tuple) -> None:
+    """``fn`` on ``arrays`` (numpy arrays); its exception is recorded."""
     try:
-        arrays = jax.tree.map(np.array if copy else np.asarray, arrays)
         fn(step, *arrays) if with_step else fn(*arrays)
     except BaseException as error:             # noqa: BLE001 - never into XLA, nor lost on the host thread
         _record(fn, step, error)
