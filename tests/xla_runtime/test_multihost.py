@@ -22,12 +22,22 @@ WORKER = textwrap.dedent("""
 
     assert jax.process_count() == 2 and len(jax.devices()) == 8 and len(jax.local_devices()) == 4
     mesh = xr.make_mesh({"data": -1})
-    loop = xr.compile_loop(sgd_step, K, mesh)
+    seen = []
+
+    def step(params, batch):
+        params, out = sgd_step(params, batch)
+        xr.host_call(lambda s, x: seen.append([int(s), x.shape[0], float(x.sum())]), xr.current_step(),
+                     batch["x"], after_loop=True)
+        return params, out
+
+    loop = xr.compile_loop(step, K, mesh)
     pid = jax.process_index()
     mine = lambda tree: {k: v[:, pid * 8:(pid + 1) * 8] for k, v in tree.items()}   # this host's half
     params, out = loop(init(), mine(batches()))
     params, out = loop(params, mine(batches(seed=2)))
-    print(json.dumps({k: np.asarray(v.addressable_data(0)).tolist() for k, v in params.items()}), flush=True)
+    xr.wait_for_host_calls()
+    result = {k: np.asarray(v.addressable_data(0)).tolist() for k, v in params.items()}
+    print(json.dumps({**result, "after_loop_calls": seen}), flush=True)
 """)
 
 
@@ -45,3 +55,8 @@ def test_two_processes_train_like_one(run_two_processes):
     for got in results:
         for name, value in want.items():
             np.testing.assert_allclose(np.asarray(got[name]), value, rtol=2e-5, atol=2e-6)
+    # after-loop host calls: on process 0 only, step by step, each with the whole global batch (both halves)
+    whole = [*batches()["x"], *batches(seed=2)["x"]]
+    assert results[1]["after_loop_calls"] == []
+    assert [c[:2] for c in results[0]["after_loop_calls"]] == [[s, 16] for s in range(2 * K)]
+    np.testing.assert_allclose([c[2] for c in results[0]["after_loop_calls"]], [x.sum() for x in whole], rtol=1e-4)
