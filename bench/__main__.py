@@ -3,7 +3,10 @@
 Every run writes bench-results/<date>-<host>.json (the figures with their
 spread and the machine's facts), a report <date>-<host>.md next to it and its
 plots in <date>-<host>/ (--out DIR, --json PATH or --no-save change that).
-A figure whose runs spread wider than --noise-bound is flagged NOISY.
+A figure whose runs spread wider than --noise-bound is flagged NOISY. A daemon's
+figure is its steady state over at least 8 batches per worker (the data is sized
+for the largest of --workers); where a small --scale leaves too few, it is
+refused, the reason printed in place of its numbers and of its ratios.
 
 examples (from the repository root):
   python -m bench all                 # every suite, ~10 minutes on 2 cores
@@ -91,7 +94,9 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("suites", nargs="+", choices=[*SUITES, "all"], metavar="SUITE",
                    help=f"one or more of: {', '.join(SUITES)}, all")
-    p.add_argument("--quick", action="store_true", help="fewer records and runs (~20 s a suite)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer records and runs (~20 s a suite at the default --workers; the data of infeed, images "
+                        "and remote grows with the largest W: minutes at W=4)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timed runs per case (default 7, --quick 3; loop, train: 5, --quick 1; startup: 3 runs of each "
                         "kind to the first step, --quick 1)")
@@ -100,7 +105,8 @@ def parse_args(argv):
     p.add_argument("--layouts", type=lambda s: [x for x in s.split(",") if x], default=None,
                    help="comma-separated layouts (default: all of mnist,criteo,imagenet; grain: mnist,criteo)")
     p.add_argument("--workers", type=_workers, default=list(infeed_suite.WORKERS),
-                   help="infeed, images: comma-separated daemon worker counts (default: 1,2)")
+                   help="infeed, images, remote: comma-separated daemon worker counts (default: 1,2); the data is "
+                        f"sized for the largest: {harness.STEADY_BATCHES_PER_WORKER} steady batches per worker")
     p.add_argument("--slots", type=_counts("slot"), default=list(infeed_suite.SLOT_SWEEP),
                    help="infeed: comma-separated ring sizes of the busy consumer's rows (default: 2,4,8,16; 8 is "
                         "always among them)")

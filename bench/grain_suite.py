@@ -360,7 +360,7 @@ def _measure_layout(grain, result: SuiteResult, ds: datasets.Dataset, b: int, re
     loader = SteadyCase(_loader(grain, source, spec, b), b)
     mp = SteadyCase(_mp_prefetch(grain, pipelines[SOURCE_PARSE]), b)
     daemon = infeed_suite.DaemonCase(DAEMON, infeed.Dataset(path, spec, batch_size=b, num_epochs=1,
-                                                            shuffle="global", seed=SEED), 1, n_batches)
+                                                            shuffle="global", seed=SEED), 1)
     all_records = n_batches * b
     cases = [Case(n, r, all_records, taken) for n, r in runs.items()]
     cases += [Case(LOADER, loader.run, all_records, taken), Case(MP_PREFETCH, mp.run, all_records, taken),

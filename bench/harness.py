@@ -19,6 +19,14 @@ range of its repeats over their median, the whole range below
 ``NOISY`` / ``1 run`` wherever it is printed or saved, and so is a ratio of
 such a figure: a noisy machine shows as one.
 
+A daemon's figure is its steady state, after the W batches of its start (one
+from each of W workers), over at least :data:`STEADY_BATCHES_PER_WORKER`
+batches per worker: a suite sizes its data for the largest W asked
+(:func:`daemon_batches`), and where a file is too short for a W anyway (a
+small ``--scale``) that W's figures are refused (:func:`steady_refusal`,
+:class:`Refusal`): the table prints the reason in place of the numbers, and
+a ratio of a refused figure is refused too (:meth:`SuiteResult.add_ratio`).
+
 >>> case = Case("sum", lambda: sum(range(1000)) and 1000, records=1000, nbytes=8000)
 >>> [fig] = [m.figure("doc", "demo") for m in interleave([case], repeats=3)]
 >>> fig.repeats
@@ -43,7 +51,8 @@ __all__ = [
     "Case", "Measurement", "Figure", "Timing", "Ratio", "SuiteResult", "interleave", "pinned_to_one_cpu",
     "settle_allocator", "machine_facts", "jax_devices", "format_result", "format_table", "format_timings",
     "format_ratios",
-    "write_json", "log", "NOISE_BOUND", "QUARTILE_RUNS", "noise_flag", "relative_spread",
+    "write_json", "log", "NOISE_BOUND", "QUARTILE_RUNS", "noise_flag", "relative_spread", "Refusal", "Refused",
+    "STEADY_BATCHES_PER_WORKER", "daemon_batches", "steady_refusal",
 ]
 
 #: The JSON layout's version; bump it when a field changes meaning.
@@ -76,6 +85,30 @@ def relative_spread(values: Sequence[float]) -> float | None:
         q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
         return round((q3 - q1) / abs(median), 12)
     return round((max(values) - min(values)) / abs(median), 12)
+
+#: The fewest batches per worker a daemon's steady-state figure is measured over (after the W batches of its start).
+STEADY_BATCHES_PER_WORKER = 8
+
+
+def daemon_batches(workers: int) -> int:
+    """The batches a file needs for ``workers`` workers' steady-state figure: W to start, then
+    :data:`STEADY_BATCHES_PER_WORKER` per worker."""
+    return workers * (1 + STEADY_BATCHES_PER_WORKER)
+
+
+def steady_refusal(workers: int, batches: int) -> str | None:
+    """Why a daemon figure with ``workers`` workers over a file of ``batches`` batches is refused; None when the
+    file has :func:`daemon_batches` of them.
+
+    >>> steady_refusal(4, 18)
+    'W=4 needs 36 batches (4 to start, then 8 per worker), the file has 18'
+    """
+    need = daemon_batches(workers)
+    if batches >= need:
+        return None
+    return (f"W={workers} needs {need} batches ({workers} to start, then {STEADY_BATCHES_PER_WORKER} per worker), "
+            f"the file has {batches}")
+
 
 #: Timings with at least this many samples are distributions (a latency's): their p90 shows their spread, and
 #: the median of so many samples is not flagged.
@@ -259,6 +292,26 @@ class Ratio:
         return {**asdict(self), "met": self.met}
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A figure or ratio not given, and why: printed in its place, never as a number. ``kind``: ``"figure"``
+    or ``"ratio"``."""
+
+    suite: str
+    group: str
+    name: str
+    reason: str
+    kind: str = "figure"
+
+
+class Refused(Exception):
+    """Raised by :meth:`SuiteResult.rate` for a refused figure; ``refusal`` is its :class:`Refusal`."""
+
+    def __init__(self, refusal: Refusal):
+        super().__init__(f"{refusal.group}: {refusal.name}: {refusal.reason}")
+        self.refusal = refusal
+
+
 @dataclass
 class SuiteResult:
     """What one suite measured: figures, timings, ratios, notes, and the parameters it ran with."""
@@ -274,6 +327,8 @@ class SuiteResult:
     noise_bound: float = NOISE_BOUND    # see noise_flag
     #: Where a case's time went, per stage (see :func:`stage_breakdown`), beside its figure.
     stages: list[dict] = field(default_factory=list)
+    #: Figures and ratios not given, with the reason (see :class:`Refusal`).
+    refused: list[Refusal] = field(default_factory=list)
 
     def figure(self, group: str, name: str) -> Figure:
         for f in self.figures:
@@ -286,6 +341,26 @@ class SuiteResult:
             if (t.group, t.name) == (group, name):
                 return t
         raise KeyError((group, name))
+
+    def refuse(self, group: str, names: Sequence[str], reason: str) -> None:
+        """Refuses the figures ``names`` of ``group``, for ``reason``."""
+        self.refused += [Refusal(self.suite, group, name, reason) for name in names]
+
+    def rate(self, group: str, name: str) -> float:
+        """A figure's median records/s; raises :class:`Refused` where the figure is refused."""
+        for r in self.refused:
+            if (r.group, r.name, r.kind) == (group, name, "figure"):
+                raise Refused(r)
+        return self.figure(group, name).records_per_s
+
+    def add_ratio(self, group: str, name: str, value: Callable[[], float], target: float | None = None,
+                  strict: bool = False) -> None:
+        """Appends the ratio ``value()`` (computed with :meth:`rate`), or its refusal where a figure it
+        divides is refused: never a ratio of a refused figure."""
+        try:
+            self.ratios.append(Ratio(self.suite, group, name, value(), target, strict))
+        except Refused as e:
+            self.refused.append(Refusal(self.suite, group, name, f"{e.refusal.name} is refused", "ratio"))
 
     def ratio_noise(self, ratio: Ratio) -> str:
         """``"NOISY"`` when a figure the ratio divides (``"A / B"``, in its group) is flagged, else ``""``."""
@@ -312,6 +387,8 @@ class SuiteResult:
             out["timings"] = [{**t.to_json(), "noise": t.noise(b)} for t in self.timings]
         if self.stages:
             out["stages"] = self.stages
+        if self.refused:
+            out["refused"] = [asdict(r) for r in self.refused]
         return out
 
 
@@ -491,10 +568,15 @@ def _rate(x: float) -> str:
 
 
 def _columns(head: Sequence[str], rows: Sequence[Sequence[str]], left: set[int]) -> str:
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    """Aligned columns; a row shorter than ``head`` ends in a text printed as it is (a refusal's reason in place
+    of the numbers)."""
+    widths = [max(len(r[i]) for r in [head, *rows] if len(r) == len(head)) for i in range(len(head))]
 
     def line(r):
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        if len(r) < len(head):
+            cells[-1] = r[-1]
+        return "  ".join(cells)
 
     return "\n".join([line(head), "  ".join("-" * w for w in widths), *map(line, rows)])
 
@@ -506,9 +588,10 @@ def _spread(x, bound: float) -> str:
 
 
 def format_table(figures: Sequence[Figure], group_label: str = "group", name_label: str = "case",
-                 noise_bound: float = NOISE_BOUND) -> str:
+                 noise_bound: float = NOISE_BOUND, refused: Sequence[Refusal] = ()) -> str:
     """A fixed-width table: one row per figure, medians first, then the range, the spread (flagged past
-    ``noise_bound``) and the repeat count.
+    ``noise_bound``) and the repeat count; a refused figure's row (after its group's figures) gives the reason
+    instead.
 
     A batches/s column appears when some figure counts batches.
     """
@@ -519,7 +602,9 @@ def format_table(figures: Sequence[Figure], group_label: str = "group", name_lab
              *([] if not with_batches else ["" if f.batches is None else _rate(f.batches_per_s)]),
              f"{_rate(f.records / f.seconds_max)}..{_rate(f.records / f.seconds_min)}",
              _spread(f, noise_bound), str(f.repeats), f"{f.records:,}") for f in figures]
-    return _columns(head, rows, {0, 1})
+    rows += [(r.group, r.name, f"refused: {r.reason}") for r in refused]
+    groups = list(dict.fromkeys(r[0] for r in rows))
+    return _columns(head, sorted(rows, key=lambda r: groups.index(r[0])), {0, 1})
 
 
 def _amount(x: float) -> str:
@@ -542,27 +627,31 @@ def target_text(r: Ratio) -> str:
     return "" if r.target is None else f"target {op} {r.target:g}x: {'met' if r.met else 'MISSED'}"
 
 
-def format_ratios(ratios: Sequence[Ratio], noise: Callable[[Ratio], str] = lambda r: "") -> str:
-    """One line per ratio, aligned, with its target, whether it is met, and ``noise(ratio)``'s flag."""
-    gw = max(len(r.group) for r in ratios)
-    nw = max(len(r.name) for r in ratios)
+def format_ratios(ratios: Sequence[Ratio], noise: Callable[[Ratio], str] = lambda r: "",
+                  refused: Sequence[Refusal] = ()) -> str:
+    """One line per ratio, aligned, with its target, whether it is met, and ``noise(ratio)``'s flag; then one
+    per refused ratio, with the reason."""
+    gw = max(len(r.group) for r in [*ratios, *refused])
+    nw = max(len(r.name) for r in [*ratios, *refused])
 
     def line(r):
         tail = "  ".join(filter(None, [target_text(r), f"({noise(r)})" if noise(r) else ""]))
         return f"{r.group:<{gw}}  {r.name:<{nw}}  {r.value:6.2f}x" + (f"  {tail}" if tail else "")
 
-    return "\n".join(map(line, ratios))
+    return "\n".join([*map(line, ratios), *(f"{r.group:<{gw}}  {r.name:<{nw}}  refused: {r.reason}" for r in refused)])
 
 
 def format_result(result: SuiteResult) -> str:
     b = result.noise_bound
     parts = [f"== {result.suite} =="]
-    if result.figures:
-        parts.append(format_table(result.figures, result.group_label, result.name_label, b))
+    refused = {kind: [r for r in result.refused if r.kind == kind] for kind in ("figure", "ratio")}
+    if result.figures or refused["figure"]:
+        parts.append(format_table(result.figures, result.group_label, result.name_label, b, refused["figure"]))
     if result.timings:
         parts += ["", "timings (lower is better):", format_timings(result.timings, result.group_label, b)]
-    if result.ratios:
-        parts += ["", "ratios of medians (higher is better):", format_ratios(result.ratios, result.ratio_noise)]
+    if result.ratios or refused["ratio"]:
+        parts += ["", "ratios of medians (higher is better):",
+                  format_ratios(result.ratios, result.ratio_noise, refused["ratio"])]
     flagged = result.noisy()
     noisy = [x for x in flagged if "(NOISY" in x]
     once = len(flagged) - len(noisy)

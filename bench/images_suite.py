@@ -12,7 +12,11 @@ interleaved (A B C A B C ...), nothing pinned:
   preallocated batch, in this process.
 - ``daemon W=w, <mode>``: ``infeed.Daemon`` with w workers, a consumer that
   only takes batches; the steady state's rate as in ``bench infeed`` (from
-  the arrival of batch W to the end).
+  the arrival of batch W to the end, at least
+  :data:`~bench.harness.STEADY_BATCHES_PER_WORKER` (8) batches per worker:
+  the photos are as many as the largest W needs, times ``--scale``; a W
+  whose file is too short for it, a small ``--scale``, is refused, the
+  reason printed in place of its figures and ratios).
 - ``tf.data <mode>, T thread(s)``: ``TFRecordDataset -> map(parse, decode,
   crop, resize, num_parallel_calls=T) -> batch`` with a private thread pool
   of T threads and no intra-op parallelism: the same thread budget as T
@@ -43,7 +47,8 @@ import numpy as np
 
 import infeed
 from bench import decode
-from bench.harness import Case, Measurement, Ratio, SuiteResult, interleave, log, settle_allocator
+from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, Refused, SuiteResult, daemon_batches,
+                           interleave, log, settle_allocator, steady_refusal)
 from bench.infeed_suite import WARMUP, DaemonCase
 from infeed.example.image import _central_window
 
@@ -53,7 +58,8 @@ __all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "
 SUITE = "images"
 SIZE = 224
 BATCH_SIZE = 16
-#: Source name -> (height, width, records, quick records): at least 8 batches, for the daemons' steady state.
+#: Source name -> (height, width, records, quick records); at least daemon_batches(the largest W) batches are
+#: written, for the daemons' steady state, then --scale applies.
 SOURCES = {"500x375": (375, 500, 512, 128), "1024x768": (768, 1024, 256, 128)}
 #: Row name of a crop mode -> infeed.Image's resize.
 MODES = {"centre crop": "center_crop", "random resized crop": "random_resized_crop"}
@@ -297,7 +303,8 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
         os.makedirs(data_dir, exist_ok=True)
         for source in sources:
             height, width, full, small = SOURCES[source]
-            records = max(3 * BATCH_SIZE, round((small if quick else full) * scale)) // BATCH_SIZE * BATCH_SIZE
+            base = max(small if quick else full, daemon_batches(max(workers)) * BATCH_SIZE)
+            records = max(3 * BATCH_SIZE, round(base * scale)) // BATCH_SIZE * BATCH_SIZE
             log(f"images: writing {records} {source} photos to {data_dir} ...")
             path, took = _ensure_photos(data_dir, source, records, seed)
             _measure_source(result, tf, source, path, records, workers, repeats)
@@ -305,8 +312,10 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
             result.notes.append(f"data: {source}: {records} photos, {os.path.getsize(path) / 1e6:.1f} MB "
                                 f"({os.path.getsize(path) / records / 1e3:.0f} KB each), {how}: {path}")
     result.notes.append("nothing pinned; the daemon's consumer only takes batches; its rows are the steady state "
-                        "(from batch W to the end); every other row is a whole pass over the file; images/s "
-                        "is records/s; MB/s counts the file's bytes")
+                        f"(batches W+1..N, at least {STEADY_BATCHES_PER_WORKER} per worker; the photos are as many as "
+                        "the largest W needs, times --scale, and a W whose file is too short for it is refused, it "
+                        "and its ratios); every other row is a whole pass over the file; images/s is records/s; "
+                        "MB/s counts the file's bytes")
     if tf is not None:
         result.notes.append(f"tf.data: TensorFlow {tf.__version__}, INTEGER_FAST IDCT (infeed's default), bilinear "
                             "resize; a T-thread pipeline has a private pool of T threads, num_parallel_calls=T and "
@@ -322,12 +331,15 @@ def _measure_source(result: SuiteResult, tf, source: str, path: str, records: in
     with infeed.read_records(path) as reader:
         images = _images_of(list(reader))
     n_batches = records // BATCH_SIZE
+    refused = {w: why for w in workers if (why := steady_refusal(w, n_batches))}
+    for w, why in refused.items():
+        result.refuse(source, [daemon_name(w, mode) for mode in MODES], why)
     cases = [_bare_case(images, nbytes), *_part_cases(images, nbytes)]
     daemons = []
     for mode in MODES:
         cases.append(_parse_case(path, mode, records, nbytes))
         dataset = infeed.Dataset(path, _spec(mode), batch_size=BATCH_SIZE, num_epochs=1)
-        daemons += [DaemonCase(daemon_name(w, mode), dataset, w, n_batches) for w in workers]
+        daemons += [DaemonCase(daemon_name(w, mode), dataset, w) for w in workers if w not in refused]
     cases += [d.case(records, nbytes) for d in daemons]
     if tf is not None:
         pipeline, antialiased = _check_agreement(tf, path)
@@ -347,10 +359,10 @@ def _measure_source(result: SuiteResult, tf, source: str, path: str, records: in
         if d is None:
             result.figures.append(dataclasses.replace(m.figure(SUITE, source), batches=n_batches))
             continue
-        lead = d.lead
-        case = Case(d.name, d.run, (n_batches - lead) * BATCH_SIZE, nbytes * (n_batches - lead) // n_batches)
+        steady_batches = n_batches - d.workers
+        case = Case(d.name, d.run, steady_batches * BATCH_SIZE, nbytes * steady_batches // n_batches)
         result.figures.append(dataclasses.replace(Measurement(case, d.steady[WARMUP:]).figure(SUITE, source),
-                                                  batches=n_batches - lead))
+                                                  batches=steady_batches))
         result.stages.append({"group": source, "name": d.name, **_stages(d)})
     _add_ratios(result, source, tf is not None, workers)
     _add_breakdown(result, source)
@@ -370,20 +382,24 @@ def _add_ratios(result: SuiteResult, source: str, with_tf: bool, workers: Sequen
         pairs.append((daemon_name(1, "centre crop"), TF_FULL))
     pairs += [(daemon_name(w, mode), daemon_name(1, mode)) for mode in MODES for w in workers if w > 1]
     for num, den in pairs:
-        value = result.figure(source, num).records_per_s / result.figure(source, den).records_per_s
-        result.ratios.append(Ratio(SUITE, source, f"{num} / {den}", value, TARGETS.get((num, den), {}).get(source)))
+        result.add_ratio(source, f"{num} / {den}", lambda: result.rate(source, num) / result.rate(source, den),
+                         TARGETS.get((num, den), {}).get(source))
 
 
 def _add_breakdown(result: SuiteResult, source: str) -> None:
     """Per image: the bare decode, the decode at the centre crop's DCT scale, the rest of parse (the kernel
     included, on the image just decoded), and the kernel alone over decoded images out of the caches."""
     us = {name: 1e6 / result.figure(source, name).records_per_s
-          for name in (BARE, DECODE_PART, RESIZE_PART, parse_name("centre crop"), daemon_name(1, "centre crop"))}
+          for name in (BARE, DECODE_PART, RESIZE_PART, parse_name("centre crop"))}
     parse, decode_part = us[parse_name("centre crop")], us[DECODE_PART]
+    try:
+        daemon = (f"takes {1e6 / result.rate(source, daemon_name(1, 'centre crop')):,.0f} us (its worker, the ring, "
+                  "the hand-off)")
+    except Refused as e:
+        daemon = f"is refused ({e.refusal.reason})"
     walked = result.figure(source, RESIZE_PART).records
     result.notes.append(
         f"{source}, where a centre crop's time goes, per image: full-size decode {us[BARE]:,.0f} us; ours in one "
         f"process {parse:,.0f} us = decode at the DCT scale {decode_part:,.0f} us + {parse - decode_part:,.0f} us "
         f"for the kernel on the image just decoded, the Example, the header and Python (the kernel alone, over "
-        f"{walked} decoded images out of the caches: {us[RESIZE_PART]:,.0f} us); the daemon (W=1) takes "
-        f"{us[daemon_name(1, 'centre crop')]:,.0f} us (its worker, the ring, the hand-off)")
+        f"{walked} decoded images out of the caches: {us[RESIZE_PART]:,.0f} us); the daemon (W=1) {daemon}")

@@ -3,7 +3,10 @@
 Per layout (see :mod:`bench.datasets`; written by ``ensure_dataset`` as for
 ``bench decode``, so a shared ``--data-dir`` reuses them, but with at least 32
 batches so that the ring of 8 slots turns over: imagenet has 4,096 records
-here, 1,024 there), it times, interleaved (A B C A B C ...):
+here, 1,024 there; and with at least
+:func:`~bench.harness.daemon_batches` of the largest W asked: W batches to
+start, then :data:`~bench.harness.STEADY_BATCHES_PER_WORKER` (8) per worker),
+it times, interleaved (A B C A B C ...):
 
 - ``parse (1 process)``: ``read_batch(B)`` and ``ExampleParser.parse`` into
   one preallocated batch in this process (``bench decode``'s ``infeed read +
@@ -17,7 +20,9 @@ here, 1,024 there), it times, interleaved (A B C A B C ...):
   that only takes every batch (``for batch in feed: pass``). The rate is the
   steady state, once every worker runs: from the arrival of batch W (the
   last worker's first; the slots the others filled meanwhile count in it) to
-  the end of the data, batches W+1..N. ``daemon W=w incl. start-up`` times
+  the end of the data, batches W+1..N: at least 8 per worker (a W whose
+  file is shorter, a small ``--scale``, has every row refused, the reason
+  printed in place of its numbers, and no ratio). ``daemon W=w incl. start-up`` times
   the same runs from just after ``Daemon(...)`` returns (every batch), and
   the timing ``start-up W=w`` is the time from the ``Daemon(...)`` call to the
   first batch (ring creation, the worker's interpreter start and imports, the
@@ -52,9 +57,9 @@ And the timings (lower is better):
 
 Before timing, the daemon's first two batches (W = the most workers asked
 for) are checked against ``ExampleParser.parse`` of the same records. With
-``--quick`` (32 batches of mnist and criteo, 8 of imagenet) a steady state
-lasts milliseconds and the ring's first pass (its pages touched for the
-first time) weighs in: a smoke run, not figures to quote.
+``--quick`` (32 batches of mnist and criteo, 9 W of imagenet for the largest
+W) a steady state lasts milliseconds and the ring's first pass (its pages
+touched for the first time) weighs in: a smoke run, not figures to quote.
 
 The consumer keeps ``Feed``'s default polling (``Feed.spin``, which depends on
 the CPUs and W); the notes give it for each W.
@@ -80,13 +85,12 @@ import numpy as np
 import infeed
 from bench import datasets, decode
 from bench.parallel_parse import ParallelParse
-from bench.harness import (Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator,
-                           stage_breakdown)
+from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, SuiteResult, Timing, daemon_batches,
+                           interleave, log, settle_allocator, stage_breakdown, steady_refusal)
 
 __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
            "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
-           "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "QUICK_MIN_BATCHES",
-           "SMALLEST",
+           "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "SMALLEST",
            "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS", "target_of",
            "parallel_name", "scaling_name"]
 
@@ -96,8 +100,8 @@ SLOTS = 8
 WORKERS = (1, 2)
 #: Ring sizes the busy consumer's rows are timed with (SLOTS among them: the rows every other figure compares).
 SLOT_SWEEP = (2, 4, 8, 16)
-#: The fewest batches a layout's dataset has (full run, --quick): enough for the 8-slot ring to turn over.
-MIN_BATCHES, QUICK_MIN_BATCHES = 32, 8
+#: The fewest batches a layout's dataset has in a full run: enough for the 8-slot ring to turn over.
+MIN_BATCHES = 32
 #: Batches every dataset has at least: below ``SMALLEST * batch_size`` records (a tiny --scale) the batch shrinks.
 SMALLEST = 4
 #: Hand-off rounds per repeat (each round times up to ``SLOTS - 1`` batches).
@@ -167,12 +171,12 @@ def cpu_timing(workers: int) -> str:
 
 
 def record_count(layout: datasets.Layout, *, scale: float = 1.0, quick: bool = False,
-                 batch_size: int = BATCH_SIZE) -> int:
-    """Records of ``layout`` this suite reads: the decode suite's count, at least 32 batches (8 with --quick),
-    times ``scale``; never fewer than :data:`SMALLEST`."""
-    base = layout.quick_records if quick else layout.records
-    base = max(base, (QUICK_MIN_BATCHES if quick else MIN_BATCHES) * batch_size)
-    return max(SMALLEST, round(base * scale))
+                 batch_size: int = BATCH_SIZE, workers: int = 1) -> int:
+    """Records of ``layout`` this suite reads: the decode suite's count, at least :data:`MIN_BATCHES` batches
+    (not with --quick) and :func:`~bench.harness.daemon_batches` of ``workers`` (the largest W asked), times
+    ``scale``; never fewer than :data:`SMALLEST`."""
+    base = layout.quick_records if quick else max(layout.records, MIN_BATCHES * batch_size)
+    return max(SMALLEST, round(max(base, daemon_batches(workers) * batch_size) * scale))
 
 
 # --- the consumer's work ---------------------------------------------------------------------------
@@ -235,17 +239,17 @@ class DaemonCase:
 
     - ``steady``: from the arrival of the first batch of the last worker to
       start (batch W-1; with ``work``, from the end of its work) to the end of
-      the data: batches ``lead``..N-1, where ``lead`` is W (at most N-1);
+      the data: batches W..N-1 (the file must have more than W batches: see
+      :func:`~bench.harness.steady_refusal`);
     - ``after_made``: from ``Daemon(...)`` returning to the end (every batch);
     - ``first``, ``every``: from the ``Daemon(...)`` call to the first batch, and
       to batch W-1 (a batch from every worker); without ``work`` only;
     - ``cpu``: this process's CPU seconds over the steady wall time; without ``work`` only.
     """
 
-    def __init__(self, name: str, dataset: infeed.Dataset, workers: int, batches: int, work: Work | None = None,
+    def __init__(self, name: str, dataset: infeed.Dataset, workers: int, work: Work | None = None,
                  slots: int = SLOTS):
         self.name, self.dataset, self.workers, self.work, self.slots = name, dataset, workers, work, slots
-        self.lead = max(1, min(workers, batches - 1))
         self.steady: list[float] = []
         self.after_made: list[float] = []
         self.first: list[float] = []
@@ -260,7 +264,7 @@ class DaemonCase:
         with infeed.Daemon(self.dataset, num_workers=self.workers, slots=self.slots, lock_memory=False) as feed:
             made = time.perf_counter()
             self.spin = getattr(feed, "spin", None)
-            for k in range(self.lead):
+            for k in range(self.workers):
                 next(feed)
                 if k == 0:
                     first = time.perf_counter()
@@ -379,7 +383,7 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     counts = {name: int((records or {}).get(name, record_count(datasets.LAYOUTS[name], scale=scale, quick=quick,
-                                                                batch_size=batch_size)))
+                                                                batch_size=batch_size, workers=max(workers))))
               for name in layouts}
     sizes = {name: min(batch_size, max(1, counts[name] // SMALLEST)) for name in layouts}
     result = SuiteResult(SUITE, group_label="layout", name_label="pipeline",
@@ -399,8 +403,10 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     pinning = ("every row unpinned (the daemon's workers need the other CPUs; the parse baseline runs unpinned "
                "too, to compare like with like); each figure is the median of the stated runs (one warm-up run "
                "first; cases interleaved; garbage collector off while timing; malloc settled first)")
-    steady = ("daemon W=w: steady state, batches W+1..N (from the arrival of the last worker's first batch to the "
-              "end of the data; the slots the other workers filled meanwhile count in it); 'incl. start-up': from "
+    steady = (f"daemon W=w: steady state, batches W+1..N, at least {STEADY_BATCHES_PER_WORKER} per worker (from "
+              "the arrival of the last worker's first batch to the end of the data; the slots the other workers "
+              "filled meanwhile count in it; the data is sized for the largest W, and a W whose file is too short "
+              "for it, a small --scale, is refused, it and its ratios); 'incl. start-up': from "
               "Daemon(...) returning to the end; start-up timings: from the Daemon(...) call to the first batch, "
               f"and to batch W (one from every worker). Ring: {SLOTS} slots, lock_memory=False"
               + (f"; a consumer waiting for a batch polls before it sleeps (Feed.spin): {spin}" if spin else ""))
@@ -413,9 +419,10 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
 
 
 def _steady_figure(c: DaemonCase, name: str, group: str, sizes: list[int], b: int, n_batches: int):
-    """The figure of a case's steady state: batches ``c.lead``..N-1."""
-    case = Case(name, c.run, (n_batches - c.lead) * b, sum(sizes[c.lead * b:n_batches * b]))
-    return dataclasses.replace(Measurement(case, c.steady[WARMUP:]).figure(SUITE, group), batches=n_batches - c.lead)
+    """The figure of a case's steady state: batches W..N-1."""
+    w = c.workers
+    case = Case(name, c.run, (n_batches - w) * b, sum(sizes[w * b:n_batches * b]))
+    return dataclasses.replace(Measurement(case, c.steady[WARMUP:]).figure(SUITE, group), batches=n_batches - w)
 
 
 def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: list[int], slots: list[int],
@@ -429,13 +436,18 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     all_records, all_bytes = n_batches * b, sum(sizes[:n_batches * b])
     dataset = infeed.Dataset(ds.path, spec, batch_size=b, num_epochs=1)
     check_same_batches(ds, dataset, max(workers))
+    refused = {w: why for w in workers if (why := steady_refusal(w, n_batches))}
+    for w, why in refused.items():
+        result.refuse(name, [daemon_name(w), indexed_name(w), startup_name(w), *(busy_name(w, n) for n in slots)],
+                      why)
+    timed = [w for w in workers if w not in refused]
 
     # Phase 1: the parse baseline and the do-nothing consumers.
     log(f"infeed: timing {name} ({repeats} runs per case) ...")
     parse = dataclasses.replace(decode.parse_case(ds, b), name=PARSE)
-    idle = {w: DaemonCase(daemon_name(w), dataset, w, n_batches) for w in workers}
+    idle = {w: DaemonCase(daemon_name(w), dataset, w) for w in timed}
     indexed = infeed.Dataset(datasets.indexed_link(ds.path), spec, batch_size=b, num_epochs=1)
-    through_index = {w: DaemonCase(indexed_name(w), indexed, w, n_batches) for w in workers}
+    through_index = {w: DaemonCase(indexed_name(w), indexed, w) for w in timed}
     with contextlib.ExitStack() as stack:
         parallel = [Case(parallel_name(w), stack.enter_context(ParallelParse(ds.path, name, b, w)).run,
                          w * ds.records, w * ds.nbytes) for w in workers if w > 1]
@@ -461,8 +473,8 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     per_batch = b / parse_figure.records_per_s
     log(f"infeed: timing {name} with a busy consumer ({per_batch * 1e6:,.0f} us per batch; slots "
         f"{', '.join(map(str, slots))}) ...")
-    busy = {(w, n): DaemonCase(busy_name(w, n), dataset, w, n_batches, Work(per_batch, overshoot), slots=n)
-            for w in workers for n in slots}
+    busy = {(w, n): DaemonCase(busy_name(w, n), dataset, w, Work(per_batch, overshoot), slots=n)
+            for w in timed for n in slots}
     interleave([c.case(all_records, all_bytes) for c in busy.values()], repeats, WARMUP)
     for c in busy.values():
         result.figures.append(_steady_figure(c, c.name, name, sizes, b, n_batches))
@@ -475,7 +487,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     # Timings: start-up, the consumer's CPU share, the hand-off.
     for w, c in idle.items():
         result.timings.append(Timing.of(SUITE, name, startup_timing(w), "ms", [s * 1e3 for s in c.first[WARMUP:]]))
-        if c.lead > 1:
+        if w > 1:
             result.timings.append(Timing.of(SUITE, name, every_worker_timing(w), "ms",
                                             [s * 1e3 for s in c.every[WARMUP:]]))
     for w, c in idle.items():
@@ -497,11 +509,10 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     pairs += [(parallel_name(w), PARSE) for w in workers if w > 1]
     pairs += [(indexed_name(w), daemon_name(w)) for w in workers]
     pairs += [(indexed_name(w), indexed_name(base)) for w in workers if w != base]
+    rate = lambda n: result.rate(name, n)        # noqa: E731
     for num, den in pairs:
-        value = result.figure(name, num).records_per_s / result.figure(name, den).records_per_s
-        result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", value, *target_of(num, den, name)))
-    rate = lambda n: result.figure(name, n).records_per_s        # noqa: E731
+        result.add_ratio(name, f"{num} / {den}", lambda: rate(num) / rate(den), *target_of(num, den, name))
     for w in workers:
         if w > 1 and base == 1:
-            value = (rate(daemon_name(w)) / rate(daemon_name(1))) / (rate(parallel_name(w)) / rate(PARSE))
-            result.ratios.append(Ratio(SUITE, name, scaling_name(w), value, *target_of(scaling_name(w), "", name)))
+            result.add_ratio(name, scaling_name(w), lambda: (rate(daemon_name(w)) / rate(daemon_name(1)))
+                             / (rate(parallel_name(w)) / rate(PARSE)), *target_of(scaling_name(w), "", name))

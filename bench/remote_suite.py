@@ -14,9 +14,12 @@ only takes the batches) reads it, for each W, interleaved:
   store's time to first byte; loopback has none).
 
 Each figure is the steady state of ``bench infeed`` (:class:`bench.infeed_suite.DaemonCase`): from the
-arrival of batch W to the end of the data. The ratio ``s3 + 25 ms / s3 + proxy`` is the share of the
-no-latency rate a worker keeps when every request waits 25 ms, on the same path; the target is 0.8 (infeed
-reads ranges ahead of the decoder: ``infeed.tfrecord.reader.READ_AHEAD_RANGES`` of ``READ_AHEAD_BYTES``).
+arrival of batch W to the end of the data, at least :data:`~bench.harness.STEADY_BATCHES_PER_WORKER` (8)
+batches per worker (the data is sized for the largest W; a W whose file is too short for it, a small
+``--scale``, is refused, the reason printed in place of its figures and ratios). The ratio
+``s3 + 25 ms / s3 + proxy`` is the share of the no-latency rate a worker keeps when every request waits 25 ms,
+on the same path; the target is 0.8 (infeed reads ranges ahead of the decoder:
+``infeed.tfrecord.reader.READ_AHEAD_RANGES`` of ``READ_AHEAD_BYTES``).
 ``s3 + 25 ms / s3`` (the proxy's own cost included) and ``s3 / local`` are information. The stage shares of
 each case (``read`` is the wait for the store) are in the report's breakdown.
 """
@@ -32,7 +35,8 @@ from importlib import metadata
 
 import infeed
 from bench import datasets, infeed_suite
-from bench.harness import Ratio, SuiteResult, interleave, log, settle_allocator, stage_breakdown
+from bench.harness import (STEADY_BATCHES_PER_WORKER, SuiteResult, interleave, log, settle_allocator,
+                           stage_breakdown, steady_refusal)
 from bench.object_stores import Unavailable, start_seaweedfs
 from bench.store_proxy import StoreProxy
 
@@ -108,33 +112,36 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     direct = server.env()
     through_plain = {**direct, "AWS_ENDPOINT_URL": f"http://{plain.endpoint}"}
     through_proxy = {**direct, "AWS_ENDPOINT_URL": f"http://{proxy.endpoint}"}
+    refused = {w: why for w in workers if (why := steady_refusal(w, n_batches))}
+    for w, why in refused.items():
+        result.refuse(name, [local_name(w), server_name(w), proxy_name(w), latency_name(w)], why)
+    timed = [w for w in workers if w not in refused]
     cases = {}
-    for w in workers:
+    for w in timed:
         cases[local_name(w)] = infeed_suite.DaemonCase(local_name(w), infeed.Dataset(ds.path, spec, batch_size=b,
-                                                                                      num_epochs=1), w, n_batches)
+                                                                                      num_epochs=1), w)
         for case_name, variables in ((server_name(w), direct), (proxy_name(w), through_plain),
                                      (latency_name(w), through_proxy)):
             with environment(variables):          # the Dataset looks its file up
                 dataset = infeed.Dataset(uri, spec, batch_size=b, num_epochs=1)
-            cases[case_name] = EnvironmentCase(case_name, dataset, w, n_batches, variables=variables)
+            cases[case_name] = EnvironmentCase(case_name, dataset, w, variables=variables)
     log(f"remote: timing {name} ({repeats} runs per case; {len(cases)} cases) ...")
     settle_allocator()
     requests_before = proxy.requests
     interleave([c.case(all_records, all_bytes) for c in cases.values()], repeats, infeed_suite.WARMUP)
     runs = repeats + infeed_suite.WARMUP
-    per_run = (proxy.requests - requests_before) / max(1, runs * len(workers))
+    per_run = (proxy.requests - requests_before) / max(1, runs * len(timed))
     result.params.setdefault("proxy_requests_per_run", {})[name] = round(per_run, 1)
     for case_name, c in cases.items():
         result.figures.append(infeed_suite._steady_figure(c, case_name, name, sizes, b, n_batches))
         result.stages.append(stage_breakdown(name, case_name, c.median_stages()))
     def rate(case_name: str) -> float:
-        return result.figure(name, case_name).records_per_s
+        return result.rate(name, case_name)
 
     for w in workers:
-        result.ratios.append(Ratio(SUITE, name, f"{latency_name(w)} / {proxy_name(w)}",
-                                   rate(latency_name(w)) / rate(proxy_name(w)), TARGET))
-        for num, den in ((latency_name(w), server_name(w)), (server_name(w), local_name(w))):
-            result.ratios.append(Ratio(SUITE, name, f"{num} / {den}", rate(num) / rate(den)))
+        for num, den, target in ((latency_name(w), proxy_name(w), TARGET), (latency_name(w), server_name(w), None),
+                                 (server_name(w), local_name(w), None)):
+            result.add_ratio(name, f"{num} / {den}", lambda: rate(num) / rate(den), target)
 
 
 def run(layouts: Sequence[str] = LAYOUTS, *, workers: Sequence[int] = WORKERS, scale: float = 1.0,
@@ -149,7 +156,7 @@ def run(layouts: Sequence[str] = LAYOUTS, *, workers: Sequence[int] = WORKERS, s
     workers = list(dict.fromkeys(workers))
     repeats = repeats if repeats is not None else (3 if quick else 5)
     counts = {name: infeed_suite.record_count(datasets.LAYOUTS[name], scale=scale, quick=quick,
-                                              batch_size=batch_size) for name in layouts}
+                                              batch_size=batch_size, workers=max(workers)) for name in layouts}
     sizes = {name: min(batch_size, max(1, counts[name] // infeed_suite.SMALLEST)) for name in layouts}
     result = SuiteResult(SUITE, group_label="layout", name_label="source",
                          params={"layouts": list(layouts), "records": counts, "batch_size": sizes, "workers": workers,
@@ -174,8 +181,10 @@ def run(layouts: Sequence[str] = LAYOUTS, *, workers: Sequence[int] = WORKERS, s
         for ds in written:
             _measure_layout(result, ds, sizes[ds.layout.name], workers, repeats, server, plain, proxy)
     result.notes += [
-        "each figure: the steady state, batches W+1..N (from the arrival of the last worker's first batch to the "
-        f"end of the data), median of {repeats} runs after one warm-up, cases interleaved; 8 slots, "
+        f"each figure: the steady state, batches W+1..N, at least {STEADY_BATCHES_PER_WORKER} per worker (from the "
+        "arrival of the last worker's first batch to the end of the data; the data is sized for the largest W, and "
+        "a W whose file is too short for it, a small --scale, is refused, it and its ratios), median of "
+        f"{repeats} runs after one warm-up, cases interleaved; 8 slots, "
         "lock_memory=False; every worker reads the whole file (without an index, a worker passes the others' "
         "batches by their framing)",
         f"s3: SeaweedFS on 127.0.0.1 reached by AWS_ENDPOINT_URL; s3 + proxy: through a loopback proxy "

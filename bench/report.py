@@ -61,7 +61,13 @@ def _spread(x: Mapping) -> str:
     return " ".join(filter(None, [shown, f"**{flag}**" if flag else ""]))
 
 
+def _refused(suite: Mapping, kind: str) -> list[Mapping]:
+    """The suite's refused figures or ratios (``kind``), each with its reason."""
+    return [r for r in suite.get("refused", []) if r["kind"] == kind]
+
+
 def _figures(suite: Mapping) -> list[str]:
+    """One row per figure; a refused figure's row gives the reason in place of the numbers."""
     figs = suite.get("figures", [])
     batches = any(f.get("batches_per_s") is not None for f in figs)
     head = [suite.get("group_label", "group"), suite.get("name_label", "case"), "records/s", "MB/s",
@@ -70,6 +76,8 @@ def _figures(suite: Mapping) -> list[str]:
              *([_num(f.get("batches_per_s"))] if batches else []),
              f"{_num(f['records_per_s_min'])}..{_num(f['records_per_s_max'])}", _spread(f), f["repeats"]]
             for f in figs]
+    rows += [[r["group"], r["name"], f"refused: {r['reason']}", *[""] * (len(head) - 3)]
+             for r in _refused(suite, "figure")]
     return _table(head, rows)
 
 
@@ -104,11 +112,13 @@ def _bounded(timings: Sequence[Mapping]) -> list[str]:
     return _table(head, rows)
 
 
-def _ratios(ratios: Sequence[Mapping], with_suite: bool = False) -> list[str]:
+def _ratios(ratios: Sequence[Mapping], with_suite: bool = False, refused: Sequence[Mapping] = ()) -> list[str]:
+    """One row per ratio, then one per refused ratio (``refused``) with the reason in place of its value."""
     head = [*(["suite"] if with_suite else []), "group", "ratio of medians (higher is better)", "value", "target",
             "noise"]
     rows = [[*([r["suite"]] if with_suite else []), r["group"], r["name"], f"{r['value']:.2f}x", _target(r),
              r.get("noise", "")] for r in ratios]
+    rows += [[r["group"], r["name"], f"refused: {r['reason']}", "", ""] for r in refused]
     return _table(head, rows)
 
 
@@ -143,8 +153,8 @@ def render(doc: Mapping, plots: Mapping[str, tuple[str, str]], missing_plots: st
         out += _figures(suite)
         if suite.get("timings"):
             out += [""] + _timings(suite)
-        if suite.get("ratios"):
-            out += [""] + _ratios(suite["ratios"])
+        if suite.get("ratios") or _refused(suite, "ratio"):
+            out += [""] + _ratios(suite.get("ratios", []), refused=_refused(suite, "ratio"))
         if suite.get("stages"):
             out += ["", "Where the time went (`infeed.InputStats` over each case's median run; shares of wall time, "
                     "workers' shares averaged over the workers):", ""] + _stages(suite)

@@ -1,30 +1,49 @@
-"""`python -m bench images` on a few photos of one size, without TensorFlow: every figure, ratio and note."""
+"""`python -m bench images` on a few photos of one size, without TensorFlow: every figure, ratio and note, each
+daemon figure from at least STEADY_BATCHES_PER_WORKER batches per worker or refused with the reason."""
+
+import re
 
 import infeed
 from bench import __main__ as bench_main
 from bench import harness
 from bench import images_suite as suite
+from bench.harness import STEADY_BATCHES_PER_WORKER
 
 
-def test_images_suite_gives_every_figure_ratio_and_note(tmp_path):
-    result = suite.run(sources=("500x375",), quick=True, repeats=1, scale=0.25, tensorflow=False,
+def test_images_suite_gives_every_figure_ratio_and_note_and_refuses_a_w_its_photos_are_too_few_for(tmp_path):
+    # W=4 on a 2-CPU machine: the quick photos are sized for it (36 batches of 16), a quarter of them written (a
+    # small --scale): 9 batches, W=1's 1 + 8; W=4's figures (36) are refused, and every ratio of them
+    result = suite.run(sources=("500x375",), workers=(1, 4), quick=True, repeats=1, scale=0.25, tensorflow=False,
                        data_dir=str(tmp_path))
     text = harness.format_result(result)
     assert "tf.data comparison not run (--no-tf)" in text
     names = [suite.BARE, suite.DECODE_PART, suite.RESIZE_PART,
              *[suite.parse_name(m) for m in suite.MODES],
-             *[suite.daemon_name(w, m) for m in suite.MODES for w in (1, 2)]]
+             *[suite.daemon_name(1, m) for m in suite.MODES]]
     assert {(f.group, f.name) for f in result.figures} == {("500x375", n) for n in names}
     assert all(f.records_per_s > 0 for f in result.figures)
+    for m in suite.MODES:
+        daemon = result.figure("500x375", suite.daemon_name(1, m))
+        assert daemon.batches == STEADY_BATCHES_PER_WORKER and daemon.records == daemon.batches * suite.BATCH_SIZE
+    reason = "W=4 needs 36 batches (4 to start, then 8 per worker), the file has 9"
+    assert {(r.name, r.kind, r.reason) for r in result.refused} == {
+        *((suite.daemon_name(4, m), "figure", reason) for m in suite.MODES),
+        *((f"{suite.daemon_name(4, m)} / {suite.daemon_name(1, m)}", "ratio", f"{suite.daemon_name(4, m)} is refused")
+          for m in suite.MODES)}
+    for r in result.refused:          # in the table in place of the numbers; never a ratio
+        [line] = [x for x in text.splitlines() if re.split(r"\s{2,}", x)[:2] == ["500x375", r.name]]
+        assert line.endswith(f"refused: {r.reason}") and not re.search(r"\d\.\d\dx", line), line
     ratios = {r.name: r.target for r in result.ratios}
     assert ratios[f"{suite.daemon_name(1, 'centre crop')} / {suite.BARE}"] == 0.85
-    assert ratios[f"{suite.daemon_name(2, 'centre crop')} / {suite.daemon_name(1, 'centre crop')}"] == 1.7
+    assert not any("W=4" in name for name in ratios)
+    assert suite.TARGETS[(suite.daemon_name(2, "centre crop"), suite.daemon_name(1, "centre crop"))] == {
+        "500x375": 1.7, "1024x768": 1.7}
     # with TensorFlow: the issue's targets, centre crops against decode + crop + resize
     assert suite.TARGETS[(suite.daemon_name(1, "centre crop"), suite.TF_FULL)] == {"500x375": 1.0, "1024x768": 1.3}
     assert suite.TARGETS[(suite.daemon_name(1, "random resized crop"), suite.tf_name("random resized crop", 1))] \
         == {"500x375": 1.0, "1024x768": 1.0}
     assert any("where a centre crop's time goes" in note for note in result.notes)
-    assert {s["name"] for s in result.stages} == {suite.daemon_name(w, m) for m in suite.MODES for w in (1, 2)}
+    assert {s["name"] for s in result.stages} == {suite.daemon_name(1, m) for m in suite.MODES}
     assert "images" in bench_main.SUITES
 
 

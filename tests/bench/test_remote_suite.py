@@ -9,6 +9,7 @@ import pytest
 
 from bench import __main__ as bench_main
 from bench import remote_suite as suite
+from bench.harness import STEADY_BATCHES_PER_WORKER
 from bench.object_stores import Unavailable, installed_executable
 
 
@@ -40,6 +41,9 @@ def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_noth
     layouts = ["criteo"]
     assert {(f["group"], f["name"]) for f in doc["figures"]} == {(l, n) for l in layouts for n in names}
     assert all(f["records"] > 0 and f["records_per_s"] > 0 for f in doc["figures"])
+    # the data sized for W=2 (25 batches of 128 at this --scale): each figure from 8 batches per worker or more
+    assert "refused" not in doc and all(
+        f["batches"] >= STEADY_BATCHES_PER_WORKER * int(f["name"].rsplit("W=", 1)[1]) for f in doc["figures"])
     assert {(r["group"], r["name"], r["target"]) for r in doc["ratios"]} == {
         (l, f"{suite.latency_name(w)} / {suite.proxy_name(w)}", suite.TARGET) for l in layouts for w in (1, 2)
     } | {(l, f"{num(w)} / {den(w)}", None) for l in layouts for w in (1, 2)
