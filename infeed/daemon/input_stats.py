@@ -49,6 +49,10 @@ CONSUMER_STAGES = {
     "host_to_device": "copying batches to the devices",
     "trainer_wait": "the training loop waiting for its next device batch",
 }
+#: The stages a record passes through, timed per record in :meth:`WorkerStats.us_per_record`.
+_PER_RECORD_STAGES = ("read", "inflate", "crc", "decode")
+#: What a worker does in each stage that CPUs limit, as the bottleneck sentence says it.
+_WORK = {"decode": "decodes", "crc": "checks CRCs", "inflate": "inflates"}
 #: The trainer's share of time waiting for input above which the input is the bottleneck.
 INPUT_BOUND = 0.10
 #: The workers' share of time waiting for free slots above which the input has capacity to spare.
@@ -109,6 +113,11 @@ class WorkerStats:
         """The share of its wall time spent in ``stage``."""
         return _share(self.stages.get(stage, 0.0), self.elapsed_s)
 
+    def us_per_record(self, stage: str) -> float:
+        """Microseconds of ``stage`` per record it decoded (padding rows of skipped records included): where a
+        worker's own work slows as workers are added (shared cores, memory bandwidth, clocks), this grows."""
+        return 1e6 * _share(self.stages.get(stage, 0.0), self.records + self.skipped)
+
     def to_json(self) -> dict:
         rate = 1 / self.elapsed_s if self.elapsed_s > 0 else 0.0
         return {"index": self.index, "pid": self.pid, "elapsed_s": self.elapsed_s,
@@ -116,6 +125,7 @@ class WorkerStats:
                 "decoded_mb_per_s": self.bytes * rate / 1e6, "read_mb_per_s": self.read_bytes * rate / 1e6,
                 "compressed_mb_per_s": self.compressed_bytes * rate / 1e6, "since_heartbeat_s": self.since_beat_s,
                 "records": self.records, "skipped": self.skipped,
+                "us_per_record": {s: self.us_per_record(s) for s in _PER_RECORD_STAGES},
                 "stages_s": dict(self.stages), "shares": {s: self.share(s) for s in self.stages}}
 
 
@@ -132,6 +142,7 @@ class InputStats:
     consumer: Mapping[str, float]     #: seconds per :data:`CONSUMER_STAGES` entry measured
     workers: tuple[WorkerStats, ...]
     cpus: int
+    physical_cores: int = 0     #: the physical cores under those CPUs (fewer with SMT); 0: unknown
 
     @classmethod
     def read(cls, ring) -> "InputStats":
@@ -141,7 +152,7 @@ class InputStats:
         workers = tuple(WorkerStats.from_counters(w) for w in ring.workers())
         waits = {"start_up": consumer["startup_s"], "wait_for_batch": consumer["stall_s"]}
         return cls(ring.name, consumer["elapsed_s"], ring.slots, filled, int(consumer["taken"]), ring.steps_per_slot,
-                   waits, workers, _cpus())
+                   waits, workers, _cpus(), _physical_cores())
 
     def since(self, earlier: "InputStats") -> "InputStats":
         """The figures between ``earlier`` (read from the same ring) and these."""
@@ -196,9 +207,15 @@ class InputStats:
                         f"waits for another's batch (or the consumer holds its batches too long): put several "
                         f"batches in a slot (steps_per_slot), add slots, or leave a core free of workers")
             advice = _ADVICE[top]
-            if top in ("decode", "crc", "inflate") and len(self.workers) + 1 > self.cpus:
-                advice += (f" ({len(self.workers)} worker{'s' if len(self.workers) > 1 else ''} and the trainer "
+            n, physical = len(self.workers), self.physical_cores or self.cpus
+            if top in ("decode", "crc", "inflate") and n + 1 > self.cpus:
+                advice += (f" ({n} worker{'s' if n > 1 else ''} and the trainer "
                            f"share {self.cpus} core{'s' if self.cpus > 1 else ''})")
+            elif top in ("decode", "crc", "inflate") and n + 1 > physical:
+                advice += (f" ({n} workers and the trainer outnumber the {physical} physical cores under these "
+                           f"{self.cpus} CPUs: SMT siblings share a core's units, so each worker "
+                           f"{_WORK[top]} slower than alone, and workers past {physical - 1} add less than one "
+                           f"worker's speed each)")
             if top == "read":
                 mb = sum(w.read_bytes for w in self.workers) / 1e6
                 speed = _share(mb, sum(w.stages["read"] for w in self.workers))
@@ -233,10 +250,31 @@ class InputStats:
                 "taken": self.taken, "batches_per_s": self.batches_per_s, "cpus": self.cpus,
                 "consumer_s": dict(self.consumer),
                 "consumer_shares": {s: _share(v, self.elapsed_s) for s, v in self.consumer.items()},
-                "trainer_wait": self.trainer_wait, "skipped": self.skipped,
+                "trainer_wait": self.trainer_wait, "skipped": self.skipped, "physical_cores": self.physical_cores,
+                "us_per_record": {s: 1e6 * _share(sum(w.stages[s] for w in self.workers),
+                                                  sum(w.records + w.skipped for w in self.workers))
+                                  for s in _PER_RECORD_STAGES},
                 "worker_shares": {s: self.worker_share(s) for s in WORKER_STAGES},
                 "workers": [w.to_json() for w in self.workers], "bottleneck": self.bottleneck()}
 
 
 def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return len(_cpu_ids())
+
+
+def _cpu_ids() -> set[int]:
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def _physical_cores() -> int:
+    """The physical cores under this process's CPUs, from Linux's topology (SMT siblings share one); 0 where
+    it does not say."""
+    cores = set()
+    try:
+        for cpu in _cpu_ids():
+            topology = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+            with open(f"{topology}/physical_package_id") as package, open(f"{topology}/core_id") as core:
+                cores.add((package.read().strip(), core.read().strip()))
+    except OSError:
+        return 0
+    return len(cores)

@@ -18,8 +18,9 @@ def worker(index=0, elapsed=10.0, read=0.0, inflate=0.0, crc=0.0, decode=0.0, wa
         "wait_s": wait, "read_bytes": read_bytes, "compressed_bytes": 0})
 
 
-def stats(workers, wait=0.0, elapsed=10.0, cpus=2, startup=0.0):
-    return InputStats("r", elapsed, 8, 2, 100, 1, {"start_up": startup, "wait_for_batch": wait}, tuple(workers), cpus)
+def stats(workers, wait=0.0, elapsed=10.0, cpus=2, startup=0.0, physical_cores=0):
+    return InputStats("r", elapsed, 8, 2, 100, 1, {"start_up": startup, "wait_for_batch": wait}, tuple(workers), cpus,
+                      physical_cores)
 
 
 def test_worker_stages_cover_its_wall_time():
@@ -34,6 +35,27 @@ def test_input_bound_on_decoding_names_the_cores():
     assert s.bottleneck() == ("input-bound: the trainer waited 31 % of the time; workers spend 72 % decoding into "
                               "the slot: add workers or cores (1 worker and the trainer share 1 core)")
     assert "share" not in stats([worker(decode=7.2)], wait=3.1, cpus=4).bottleneck()
+
+
+def test_workers_past_the_physical_cores_are_named_as_what_limits_scaling():
+    """A 16-CPU host with 8 physical cores (SMT): 12 workers decoding, each slower than alone."""
+    twelve = [worker(index=k, decode=9.4) for k in range(12)]
+    s = stats(twelve, wait=4.0, cpus=16, physical_cores=8)
+    assert s.bottleneck().endswith(
+        "add workers or cores (12 workers and the trainer outnumber the 8 physical cores under these 16 CPUs: SMT "
+        "siblings share a core's units, so each worker decodes slower than alone, and workers past 7 add less than "
+        "one worker's speed each)")
+    assert "physical" not in stats(twelve[:7], wait=4.0, cpus=16, physical_cores=8).bottleneck()
+    assert "share 16 cores" in stats(twelve + twelve[:5], wait=4.0, cpus=16, physical_cores=8).bottleneck()
+
+
+def test_time_per_record_of_each_stage():
+    w = worker(decode=2.0, read=0.5, crc=0.1)                     # 1000 records
+    assert w.us_per_record("decode") == pytest.approx(2000) and w.us_per_record("read") == pytest.approx(500)
+    doc = stats([w, worker(index=1, decode=4.0)], physical_cores=2).to_json()
+    assert doc["us_per_record"]["decode"] == pytest.approx(3000) and doc["physical_cores"] == 2
+    assert doc["workers"][0]["us_per_record"] == {"read": pytest.approx(500), "inflate": 0.0,
+                                                  "crc": pytest.approx(100), "decode": pytest.approx(2000)}
 
 
 def test_start_up_is_not_counted_as_waiting():
