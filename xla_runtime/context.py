@@ -26,9 +26,10 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
-__all__ = ["current_step", "in_loop"]
+__all__ = ["current_step", "in_loop", "watching_step_reads"]
 
 _step: contextvars.ContextVar[jax.Array | None] = contextvars.ContextVar("xla_runtime_step", default=None)
+_reads: contextvars.ContextVar[list | None] = contextvars.ContextVar("xla_runtime_step_reads", default=None)
 
 
 def current_step() -> jax.Array:
@@ -38,7 +39,22 @@ def current_step() -> jax.Array:
     if step is None:
         raise RuntimeError("current_step() is available only inside a step traced by xla_runtime.compile_loop "
                            "(or within xla_runtime.context.in_loop)")
+    reads = _reads.get()
+    if reads is not None:
+        reads.append(step)
     return step
+
+
+@contextlib.contextmanager
+def watching_step_reads() -> Iterator[list]:
+    """Yields a list that :func:`current_step` appends to while the block runs: empty at its end where
+    nothing traced within read the step index (compile_loop then leaves the index out of its program)."""
+    reads: list = []
+    token = _reads.set(reads)
+    try:
+        yield reads
+    finally:
+        _reads.reset(token)
 
 
 @contextlib.contextmanager

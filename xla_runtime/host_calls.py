@@ -122,9 +122,8 @@ def host_call(fn: Callable, *arrays, after_loop: bool = False) -> None:
     (arrays or pytrees of arrays, whole global values), once per step, in step order:
     during the loop, or with ``after_loop`` once its program has ended (see the module's docstring)."""
     _check_function("host_call", fn)
-    step = current_step()
-    if not (after_loop and _carry_out(fn, False, 1, arrays)):
-        _emit(fn, False, step, arrays)
+    if not (after_loop and _carry_out(fn, False, 1, arrays)):      # numbered on the host: no index read
+        _emit(fn, False, current_step(), arrays)
 
 
 def every_n(n: int, fn: Callable, *arrays, after_loop: bool = False) -> None:
@@ -134,9 +133,9 @@ def every_n(n: int, fn: Callable, *arrays, after_loop: bool = False) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"every_n needs a positive int n, got {n!r}")
     _check_function("every_n", fn)
-    step = current_step()
     if after_loop and _carry_out(fn, True, n, arrays):
         return
+    step = current_step()
     jax.lax.cond(step % n == 0, lambda step, arrays: _emit(fn, True, step, arrays), lambda step, arrays: None,
                  step, arrays)
 
