@@ -13,7 +13,7 @@ examples (from the repository root):
   python -m bench decode              # ~1 minute with TensorFlow installed
   python -m bench decode --quick      # ~20 seconds: fewer records and runs
   python -m bench infeed              # the decoding daemon: workers and ring slots, ~2 minutes on 2 cores
-  python -m bench infeed --workers 1,2,4 --slots 2,8 --layouts mnist
+  python -m bench infeed --workers 1,2,4 --slots 2,8 --layouts mnist   # with a scaling table and plot
   python -m bench remote              # the daemon from an S3 server on loopback, directly and behind 25 ms a request,
                                       # against a local file (criteo, imagenet; W=1, 2): ~3 minutes
   python -m bench grain               # a Grain pipeline over infeed.grain's source and decoder against Grain's
@@ -106,7 +106,10 @@ def parse_args(argv):
                    help="comma-separated layouts (default: all of mnist,criteo,imagenet; grain: mnist,criteo)")
     p.add_argument("--workers", type=_workers, default=list(infeed_suite.WORKERS),
                    help="infeed, images, remote: comma-separated daemon worker counts (default: 1,2); the data is "
-                        f"sized for the largest: {harness.STEADY_BATCHES_PER_WORKER} steady batches per worker")
+                        f"sized for the largest: {harness.STEADY_BATCHES_PER_WORKER} steady batches per worker. "
+                        "Counts above this machine's CPUs are accepted, their rows marked oversubscribed; with two "
+                        "or more, infeed and images print and save a scaling table (records/s, speed-up over W=1, "
+                        "efficiency, the stage shares) and its plot")
     p.add_argument("--slots", type=_counts("slot"), default=list(infeed_suite.SLOT_SWEEP),
                    help="infeed: comma-separated ring sizes of the busy consumer's rows (default: 2,4,8,16; 8 is "
                         "always among them)")

@@ -44,7 +44,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
     "settle_allocator", "machine_facts", "jax_devices", "format_result", "format_table", "format_timings",
     "format_ratios",
     "write_json", "log", "NOISE_BOUND", "QUARTILE_RUNS", "noise_flag", "relative_spread", "Refusal", "Refused",
-    "STEADY_BATCHES_PER_WORKER", "daemon_batches", "steady_refusal",
+    "STEADY_BATCHES_PER_WORKER", "daemon_batches", "steady_refusal", "cpus_allowed", "format_scaling",
 ]
 
 #: The JSON layout's version; bump it when a field changes meaning.
@@ -108,6 +108,11 @@ def steady_refusal(workers: int, batches: int) -> str | None:
         return None
     return (f"W={workers} needs {need} batches ({workers} to start, then {STEADY_BATCHES_PER_WORKER} per worker), "
             f"the file has {batches}")
+
+
+def cpus_allowed() -> int:
+    """The CPUs this process may run on (its affinity; the CPU count where the OS has none)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 #: Timings with at least this many samples are distributions (a latency's): their p90 shows their spread, and
@@ -329,6 +334,8 @@ class SuiteResult:
     stages: list[dict] = field(default_factory=list)
     #: Figures and ratios not given, with the reason (see :class:`Refusal`).
     refused: list[Refusal] = field(default_factory=list)
+    #: How a daemon's figure scales with its workers (see :meth:`add_scaling`).
+    scaling: list[dict] = field(default_factory=list)
 
     def figure(self, group: str, name: str) -> Figure:
         for f in self.figures:
@@ -362,6 +369,32 @@ class SuiteResult:
         except Refused as e:
             self.refused.append(Refusal(self.suite, group, name, f"{e.refusal.name} is refused", "ratio"))
 
+    def add_scaling(self, group: str, name: str, figures: Mapping[int, str]) -> None:
+        """Appends the scaling table of ``figures`` (W -> the daemon figure with W workers, its stage breakdown in
+        :attr:`stages`), where two or more W were asked: a row per W with records/s, the speed-up over W=1 (None
+        without a W=1 figure) and the efficiency (speed-up / W), the workers' stage shares and the consumer's
+        wait share; a refused W's row gives the reason instead. A W above :func:`cpus_allowed` is oversubscribed."""
+        if len(figures) < 2:
+            return
+        cpus, rows = cpus_allowed(), []
+        try:
+            one = self.rate(group, figures[1]) if 1 in figures else None
+        except Refused:
+            one = None
+        for w, figure in sorted(figures.items()):
+            row = {"workers": w, "oversubscribed": w > cpus}
+            try:
+                rate = self.rate(group, figure)
+            except Refused as e:
+                rows.append({**row, "refused": e.refusal.reason})
+                continue
+            speedup = None if one is None else rate / one
+            [stages] = [s for s in self.stages if (s["group"], s["name"]) == (group, figure)]
+            rows.append({**row, "records_per_s": rate, "speedup": speedup,
+                         "efficiency": None if speedup is None else speedup / w,
+                         "worker_shares": stages["worker_shares"], "consumer_wait": stages["trainer_wait"]})
+        self.scaling.append({"group": group, "name": name, "cpus": cpus, "rows": rows})
+
     def ratio_noise(self, ratio: Ratio) -> str:
         """``"NOISY"`` when a figure the ratio divides (``"A / B"``, in its group) is flagged, else ``""``."""
         names = ratio.name.split(" / ")
@@ -389,6 +422,8 @@ class SuiteResult:
             out["stages"] = self.stages
         if self.refused:
             out["refused"] = [asdict(r) for r in self.refused]
+        if self.scaling:
+            out["scaling"] = self.scaling
         return out
 
 
@@ -607,6 +642,26 @@ def format_table(figures: Sequence[Figure], group_label: str = "group", name_lab
     return _columns(head, sorted(rows, key=lambda r: groups.index(r[0])), {0, 1})
 
 
+def format_scaling(tables: Sequence[dict], group_label: str = "group") -> str:
+    """The scaling tables (:meth:`SuiteResult.add_scaling`), one block of rows each: records/s, speed-up over
+    W=1, efficiency and the stage shares per W; a refused W gives the reason; an oversubscribed W says so."""
+    stages = next((list(r["worker_shares"]) for t in tables for r in t["rows"] if "worker_shares" in r), [])
+    head = (group_label, "daemon", "W", "records/s", "speed-up", "efficiency", *(f"workers: {s}" for s in stages),
+            "consumer wait")
+    rows = []
+    for t in tables:
+        for r in t["rows"]:
+            w = f"{r['workers']}" + (f" (oversubscribed: {t['cpus']} CPUs)" if r["oversubscribed"] else "")
+            if "refused" in r:
+                rows.append((t["group"], t["name"], w, f"refused: {r['refused']}"))
+                continue
+            rows.append((t["group"], t["name"], w, _rate(r["records_per_s"]),
+                         "" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+                         "" if r["efficiency"] is None else f"{r['efficiency']:.0%}",
+                         *(f"{r['worker_shares'][s]:.0%}" for s in stages), f"{r['consumer_wait']:.0%}"))
+    return _columns(head, rows, {0, 1, 2})
+
+
 def _amount(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.1f}" if abs(x) >= 10 else f"{x:,.2f}"
 
@@ -647,6 +702,9 @@ def format_result(result: SuiteResult) -> str:
     refused = {kind: [r for r in result.refused if r.kind == kind] for kind in ("figure", "ratio")}
     if result.figures or refused["figure"]:
         parts.append(format_table(result.figures, result.group_label, result.name_label, b, refused["figure"]))
+    if result.scaling:
+        parts += ["", "scaling with the workers (steady state; efficiency = speed-up over W=1 / W; shares of "
+                      "the workers' and the consumer's wall time):", format_scaling(result.scaling, result.group_label)]
     if result.timings:
         parts += ["", "timings (lower is better):", format_timings(result.timings, result.group_label, b)]
     if result.ratios or refused["ratio"]:

@@ -28,6 +28,10 @@ interleaved (A B C A B C ...), nothing pinned:
   centre crop`` decodes the whole image first (the other way TensorFlow
   users write it).
 
+With two or more W, a scaling table per source and crop
+(:meth:`~bench.harness.SuiteResult.add_scaling`): records/s, speed-up over W=1,
+efficiency and stage shares at each W, a W above the CPUs marked oversubscribed.
+
 Where the time goes is measured in the same interleaved runs, per image, in
 this process: the JPEG decode at the DCT scale the centre crop uses, the resize
 kernel alone, and (by difference) the rest of ``parse`` (the Example, the
@@ -48,7 +52,7 @@ import numpy as np
 import infeed
 from bench import decode
 from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, Refused, SuiteResult, daemon_batches,
-                           interleave, log, settle_allocator, steady_refusal)
+                           interleave, log, settle_allocator, stage_breakdown, steady_refusal)
 from bench.infeed_suite import WARMUP, DaemonCase
 from infeed.example.image import _central_window
 
@@ -363,15 +367,11 @@ def _measure_source(result: SuiteResult, tf, source: str, path: str, records: in
         case = Case(d.name, d.run, steady_batches * BATCH_SIZE, nbytes * steady_batches // n_batches)
         result.figures.append(dataclasses.replace(Measurement(case, d.steady[WARMUP:]).figure(SUITE, source),
                                                   batches=steady_batches))
-        result.stages.append({"group": source, "name": d.name, **_stages(d)})
+        result.stages.append(stage_breakdown(source, d.name, d.median_stages()))
+    for mode in MODES:
+        result.add_scaling(source, mode, {w: daemon_name(w, mode) for w in workers})
     _add_ratios(result, source, tf is not None, workers)
     _add_breakdown(result, source)
-
-
-def _stages(d: DaemonCase) -> dict:
-    doc = d.median_stages().to_json()
-    return {"trainer_wait": doc["trainer_wait"], "consumer_shares": doc["consumer_shares"],
-            "worker_shares": doc["worker_shares"], "workers": len(doc["workers"]), "bottleneck": doc["bottleneck"]}
 
 
 def _add_ratios(result: SuiteResult, source: str, with_tf: bool, workers: Sequence[int]) -> None:

@@ -55,6 +55,10 @@ And the timings (lower is better):
   also hands the previous slot back to the workers); repeated, in
   microseconds. The target is below 50 us.
 
+With two or more W, a scaling table per layout (:meth:`~bench.harness.SuiteResult.add_scaling`): the
+``daemon W=w`` rows' records/s, speed-up over W=1, efficiency (speed-up / W)
+and stage shares at each W, a W above the CPUs marked oversubscribed.
+
 Before timing, the daemon's first two batches (W = the most workers asked
 for) are checked against ``ExampleParser.parse`` of the same records. With
 ``--quick`` (32 batches of mnist and criteo, 9 W of imagenet for the largest
@@ -75,7 +79,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -85,8 +88,8 @@ import numpy as np
 import infeed
 from bench import datasets, decode
 from bench.parallel_parse import ParallelParse
-from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, SuiteResult, Timing, daemon_batches,
-                           interleave, log, settle_allocator, stage_breakdown, steady_refusal)
+from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, SuiteResult, Timing, cpus_allowed,
+                           daemon_batches, interleave, log, settle_allocator, stage_breakdown, steady_refusal)
 
 __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
            "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
@@ -298,10 +301,6 @@ class DaemonCase:
         return runs[len(runs) // 2][1]
 
 
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def _framed_sizes(path: str) -> list[int]:
     """Each record's bytes in the file, TFRecord framing (16 bytes) included."""
     with infeed.read_records(path) as reader:
@@ -389,7 +388,7 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     result = SuiteResult(SUITE, group_label="layout", name_label="pipeline",
                          params={"layouts": list(layouts), "records": counts, "batch_size": sizes,
                                  "workers": workers, "slots": SLOTS, "slot_sweep": slots, "repeats": repeats,
-                                 "warmup": WARMUP, "seed": seed, "pinned": False, "cpus_allowed": _cpus()})
+                                 "warmup": WARMUP, "seed": seed, "pinned": False, "cpus_allowed": cpus_allowed()})
     base = min(workers)
     overshoot = sleep_overshoot()
     result.params["sleep_overshoot_us"] = overshoot * 1e6
@@ -412,7 +411,7 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
               + (f"; a consumer waiting for a batch polls before it sleeps (Feed.spin): {spin}" if spin else ""))
     megabytes = ("MB/s: file bytes of the records counted (TFRecord framing included), MB = 10^6 bytes, "
                  "the file in the page cache")
-    cpus = (f"{_cpus()} CPUs allowed (the suite pins nothing; the workers inherit this process's affinity): "
+    cpus = (f"{cpus_allowed()} CPUs allowed (the suite pins nothing; the workers inherit this process's affinity): "
             "the consumer and the W workers share them")
     result.notes += [pinning, steady, megabytes, cpus]
     return result
@@ -502,6 +501,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
 
     for c in [*idle.values(), *through_index.values(), *busy.values()]:
         result.stages.append(stage_breakdown(name, c.name, c.median_stages()))
+    result.add_scaling(name, "idle consumer", {w: daemon_name(w) for w in workers})
 
     # Ratios.
     pairs = [(daemon_name(w), PARSE) for w in workers]

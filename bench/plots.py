@@ -25,7 +25,7 @@ from matplotlib import ticker  # noqa: E402
 from bench import transfer_suite  # noqa: E402
 
 __all__ = ["PLOTS", "decode", "infeed_workers_slots", "loop_iterations", "train_pipelines", "time_to_first_step",
-           "transfer"]
+           "transfer", "scaling"]
 
 _DAEMON = re.compile(r"^daemon W=(\d+)(?:, (\d+) slots)?(, busy consumer)?$")
 _COMPILE_LOOP = re.compile(r"^compile_loop K=(\d+)$")
@@ -137,6 +137,41 @@ def infeed_workers_slots(suites: Mapping):
     return fig
 
 
+def scaling(suites: Mapping, name: str):
+    """The scaling tables of suite ``name`` (``bench infeed``, ``bench images``), a subplot each: records/s
+    against W, and the efficiency (speed-up over W=1 / W) on a second axis; oversubscribed W shaded, refused W
+    left out."""
+    tables = (suites.get(name) or {}).get("scaling")
+    if not tables:
+        return None
+    fig, axes = _grid(len(tables))
+    for ax, table in zip(axes, tables):
+        rows = [r for r in table["rows"] if "refused" not in r]
+        ax.plot([r["workers"] for r in rows], [r["records_per_s"] for r in rows], marker="o", label="records/s")
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(_THOUSANDS)
+        ax.set_ylabel("records/s")
+        efficient = [r for r in rows if r["efficiency"] is not None]
+        eff = ax.twinx()
+        eff.plot([r["workers"] for r in efficient], [r["efficiency"] for r in efficient], marker="s",
+                 linestyle="--", color="tab:green", label="efficiency")
+        eff.set_ylim(0, max([1.1, *(r["efficiency"] * 1.1 for r in efficient)]))
+        eff.yaxis.set_major_formatter(ticker.PercentFormatter(1.0))
+        eff.set_ylabel("efficiency (speed-up / W)")
+        top = max(r["workers"] for r in table["rows"])
+        if top > table["cpus"]:
+            ax.axvspan(table["cpus"] + 0.5, top + 0.5, color="grey", alpha=0.15, label="oversubscribed")
+        ax.set_title(f"{table['group']}: {table['name']}", fontsize=10)
+        ax.set_xlabel("decoding workers (W)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        lines = [*ax.get_legend_handles_labels(), *eff.get_legend_handles_labels()]
+        ax.legend(lines[0] + lines[2], lines[1] + lines[3], fontsize=7)
+    fig.suptitle(f"{name}: scaling with the workers (steady state)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def loop_iterations(suites: Mapping):
     """``bench loop``: steps/s against ``iterations_per_loop`` (K) for compile_loop, with a per-step loop and a
     hand-written scan as references, one subplot per model and device count."""
@@ -218,6 +253,8 @@ def time_to_first_step(suites: Mapping):
 PLOTS: dict[str, tuple[str, Callable]] = {
     "decode": ("decode", decode),
     "infeed": ("infeed", infeed_workers_slots),
+    "infeed-scaling": ("infeed", lambda suites: scaling(suites, "infeed")),
+    "images-scaling": ("images", lambda suites: scaling(suites, "images")),
     "loop": ("loop", loop_iterations),
     "time-to-first-step": ("loop", time_to_first_step),
     "train": ("train", train_pipelines),

@@ -81,6 +81,28 @@ def _figures(suite: Mapping) -> list[str]:
     return _table(head, rows)
 
 
+def _scaling(suite: Mapping) -> list[str]:
+    """A row per daemon and W: records/s, speed-up over W=1, efficiency, the stage shares; a refused W gives the
+    reason; an oversubscribed W (more workers than CPUs) says so."""
+    tables = suite["scaling"]
+    stages = next((list(r["worker_shares"]) for t in tables for r in t["rows"] if "worker_shares" in r), [])
+    head = [suite.get("group_label", "group"), "daemon", "W", "records/s", "speed-up", "efficiency",
+            *(f"workers: {s}" for s in stages), "consumer waiting"]
+    rows = []
+    for t in tables:
+        for r in t["rows"]:
+            w = f"{r['workers']}" + (f" (oversubscribed: {t['cpus']} CPUs)" if r["oversubscribed"] else "")
+            if "refused" in r:
+                rows.append([t["group"], t["name"], w, f"refused: {r['refused']}", *[""] * (len(head) - 4)])
+                continue
+            rows.append([t["group"], t["name"], w, _num(r["records_per_s"]),
+                         "" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+                         "" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f} %",
+                         *(f"{100 * r['worker_shares'][s]:.0f} %" for s in stages),
+                         f"{100 * r['consumer_wait']:.0f} %"])
+    return _table(head, rows)
+
+
 def _timings(suite: Mapping) -> list[str]:
     head = [suite.get("group_label", "group"), "timing (lower is better)", "median", "p90", "min..max", "spread",
             "samples", "target"]
@@ -151,6 +173,9 @@ def render(doc: Mapping, plots: Mapping[str, tuple[str, str]], missing_plots: st
             if of == name:
                 out += [f"![{stem}]({rel})", ""]
         out += _figures(suite)
+        if suite.get("scaling"):
+            out += ["", "Scaling with the workers (steady state; efficiency = speed-up over W=1 / W; shares of the "
+                    "workers' and the consumer's wall time):", ""] + _scaling(suite)
         if suite.get("timings"):
             out += [""] + _timings(suite)
         if suite.get("ratios") or _refused(suite, "ratio"):

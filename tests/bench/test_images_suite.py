@@ -1,6 +1,7 @@
 """`python -m bench images` on a few photos of one size, without TensorFlow: every figure, ratio and note, each
 daemon figure from at least STEADY_BATCHES_PER_WORKER batches per worker or refused with the reason."""
 
+import json
 import re
 
 import infeed
@@ -8,6 +9,7 @@ from bench import __main__ as bench_main
 from bench import harness
 from bench import images_suite as suite
 from bench.harness import STEADY_BATCHES_PER_WORKER
+from tests.bench.test_infeed_suite import check_scaling
 
 
 def test_images_suite_gives_every_figure_ratio_and_note_and_refuses_a_w_its_photos_are_too_few_for(tmp_path):
@@ -44,6 +46,13 @@ def test_images_suite_gives_every_figure_ratio_and_note_and_refuses_a_w_its_phot
         == {"500x375": 1.0, "1024x768": 1.0}
     assert any("where a centre crop's time goes" in note for note in result.notes)
     assert {s["name"] for s in result.stages} == {suite.daemon_name(1, m) for m in suite.MODES}
+    rates = {f.name: f.records_per_s for f in result.figures}
+    assert [(t["group"], t["name"]) for t in result.scaling] == [("500x375", m) for m in suite.MODES]
+    for table in result.scaling:
+        check_scaling(table, "500x375", table["name"], {w: suite.daemon_name(w, table["name"]) for w in (1, 4)}, rates,
+                      refused=(4,))
+    assert text.index("scaling with the workers") > text.index(suite.BARE)
+    assert json.loads(json.dumps(result.to_json()))["scaling"] == result.scaling
     assert "images" in bench_main.SUITES
 
 

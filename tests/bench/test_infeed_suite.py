@@ -11,7 +11,7 @@ import pytest
 
 from bench import __main__ as bench_main
 from bench import infeed_suite as suite
-from bench.harness import STEADY_BATCHES_PER_WORKER, daemon_batches
+from bench.harness import STEADY_BATCHES_PER_WORKER, cpus_allowed, daemon_batches
 from infeed.errors import AttachError
 from infeed.ring import Ring
 
@@ -159,6 +159,12 @@ def test_infeed_suite_prints_every_figure_timing_and_ratio_and_leaves_nothing_be
         assert set(row["worker_shares"]) == {"read", "inflate", "crc", "decode", "wait_for_slot", "other"}
         assert 0 <= row["trainer_wait"] <= 1 and row["bottleneck"]
     assert "Where the time went" in (tmp_path / "infeed.md").read_text()
+    rates = {(f["group"], f["name"]): f["records_per_s"] for f in suite_doc["figures"]}
+    assert [t["group"] for t in suite_doc["scaling"]] == LAYOUTS
+    for table in suite_doc["scaling"]:
+        layout = table["group"]
+        check_scaling(table, layout, "idle consumer", {w: suite.daemon_name(w) for w in (1, 2)},
+                      {n: r for (g, n), r in rates.items() if g == layout}, refused=refused[layout])
     assert all(r["value"] > 0 and (r["met"] is None) == (r["target"] is None) for r in suite_doc["ratios"])
     params = suite_doc["params"]
     assert params["workers"] == [1, 2] and params["slots"] == suite.SLOTS and params["pinned"] is False
@@ -192,6 +198,39 @@ def test_infeed_suite_with_more_workers_than_cpus_times_each_from_its_steady_bat
     report = (tmp_path / "infeed.md").read_text()        # the saved report too
     assert "| mnist | daemon W=6 | refused: W=6 needs 54 batches" in report
     assert "| mnist | daemon W=6 / daemon W=1 | refused: daemon W=6 is refused |" in report
+    # the scaling table: a row per W, printed after the figures, saved, and in the report
+    [table] = suite_doc["scaling"]
+    rates = {f["name"]: f["records_per_s"] for f in suite_doc["figures"]}
+    check_scaling(table, "mnist", "idle consumer", {w: suite.daemon_name(w) for w in (1, 3, 6)}, rates, refused=(6,))
+    assert text.index("scaling with the workers") < text.index("timings (lower is better)")
+    w_cell = {w: f"{w} (oversubscribed: {cpus_allowed()} CPUs)" if w > cpus_allowed() else f"{w}" for w in (1, 3, 6)}
+    printed = {re.split(r"\s{2,}", x.strip())[2]: x for x in text.splitlines()
+               if re.split(r"\s{2,}", x.strip())[:2] == ["mnist", "idle consumer"]}
+    assert set(printed) == set(w_cell.values())
+    assert printed[w_cell[6]].endswith(
+        "  refused: W=6 needs 54 batches (6 to start, then 8 per worker), the file has 27")
+    assert all(f"| mnist | idle consumer | {w_cell[w]} | " in report for w in (1, 3))
+    assert f"| mnist | idle consumer | {w_cell[6]} | refused: W=6 needs 54 batches" in report
+
+
+def check_scaling(table, group, name, figures, rates, refused=()):
+    """``table`` has a row per W of ``figures`` (W -> figure name): records/s as ``rates`` (figure name -> its
+    records/s) give them, speed-up over W=1 and efficiency = speed-up / W, stage shares in 0..1, oversubscribed
+    where W exceeds the CPUs; a refused W's row gives the reason and no number."""
+    cpus = cpus_allowed()
+    assert (table["group"], table["name"], table["cpus"]) == (group, name, cpus)
+    assert [r["workers"] for r in table["rows"]] == sorted(figures)
+    for row in table["rows"]:
+        w = row["workers"]
+        assert row["oversubscribed"] == (w > cpus)
+        if w in refused:
+            assert set(row) == {"workers", "oversubscribed", "refused"} and row["refused"].startswith(f"W={w} needs")
+            continue
+        assert row["records_per_s"] == rates[figures[w]]
+        assert row["speedup"] == pytest.approx(rates[figures[w]] / rates[figures[1]])
+        assert row["efficiency"] == pytest.approx(row["speedup"] / w)
+        assert set(row["worker_shares"]) == {"read", "inflate", "crc", "decode", "wait_for_slot", "other"}
+        assert all(0 <= x <= 1 for x in [*row["worker_shares"].values(), row["consumer_wait"]])
 
 
 @pytest.mark.parametrize("bad", ["0", "1,x", ",", "-1"])
@@ -199,6 +238,13 @@ def test_infeed_suite_rejects_bad_worker_counts(bad, capsys):
     with pytest.raises(SystemExit):
         bench_main.parse_args(["infeed", "--workers", bad])
     assert "--workers" in capsys.readouterr().err
+
+
+def test_infeed_suite_accepts_more_workers_than_cpus_and_says_so(capsys):
+    assert bench_main.parse_args(["infeed", "--workers", f"1,{cpus_allowed() + 1}"]).workers == [1, cpus_allowed() + 1]
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--help"])
+    assert "oversubscribed" in " ".join(capsys.readouterr().out.split())
 
 
 def test_record_counts_give_the_ring_room_to_turn_over_and_the_largest_w_its_steady_batches():
