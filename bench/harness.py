@@ -373,7 +373,9 @@ class SuiteResult:
         """Appends the scaling table of ``figures`` (W -> the daemon figure with W workers, its stage breakdown in
         :attr:`stages`), where two or more W were asked: a row per W with records/s, the speed-up over W=1 (None
         without a W=1 figure) and the efficiency (speed-up / W), the workers' stage shares and the consumer's
-        wait share; a refused W's row gives the reason instead. A W above :func:`cpus_allowed` is oversubscribed."""
+        wait share, and the workers' decoding time per record (which grows with W where each worker's own work
+        slows: shared cores, memory bandwidth, clocks); a refused W's row gives the reason instead. A W above
+        :func:`cpus_allowed` is oversubscribed."""
         if len(figures) < 2:
             return
         cpus, rows = cpus_allowed(), []
@@ -392,7 +394,8 @@ class SuiteResult:
             [stages] = [s for s in self.stages if (s["group"], s["name"]) == (group, figure)]
             rows.append({**row, "records_per_s": rate, "speedup": speedup,
                          "efficiency": None if speedup is None else speedup / w,
-                         "worker_shares": stages["worker_shares"], "consumer_wait": stages["trainer_wait"]})
+                         "worker_shares": stages["worker_shares"], "consumer_wait": stages["trainer_wait"],
+                         "decode_us_per_record": stages["us_per_record"]["decode"]})
         self.scaling.append({"group": group, "name": name, "cpus": cpus, "rows": rows})
 
     def ratio_noise(self, ratio: Ratio) -> str:
@@ -432,7 +435,7 @@ def stage_breakdown(group: str, name: str, stats) -> dict:
     doc = stats.to_json()
     return {"group": group, "name": name, "trainer_wait": doc["trainer_wait"],
             "consumer_shares": doc["consumer_shares"], "worker_shares": doc["worker_shares"],
-            "workers": len(doc["workers"]), "bottleneck": doc["bottleneck"]}
+            "us_per_record": doc["us_per_record"], "workers": len(doc["workers"]), "bottleneck": doc["bottleneck"]}
 
 
 def interleave(cases: Sequence[Case], repeats: int, warmup: int = 1) -> list[Measurement]:
@@ -647,7 +650,7 @@ def format_scaling(tables: Sequence[dict], group_label: str = "group") -> str:
     W=1, efficiency and the stage shares per W; a refused W gives the reason; an oversubscribed W says so."""
     stages = next((list(r["worker_shares"]) for t in tables for r in t["rows"] if "worker_shares" in r), [])
     head = (group_label, "daemon", "W", "records/s", "speed-up", "efficiency", *(f"workers: {s}" for s in stages),
-            "consumer wait")
+            "consumer wait", "decode us/record")
     rows = []
     for t in tables:
         for r in t["rows"]:
@@ -658,7 +661,8 @@ def format_scaling(tables: Sequence[dict], group_label: str = "group") -> str:
             rows.append((t["group"], t["name"], w, _rate(r["records_per_s"]),
                          "" if r["speedup"] is None else f"{r['speedup']:.2f}x",
                          "" if r["efficiency"] is None else f"{r['efficiency']:.0%}",
-                         *(f"{r['worker_shares'][s]:.0%}" for s in stages), f"{r['consumer_wait']:.0%}"))
+                         *(f"{r['worker_shares'][s]:.0%}" for s in stages), f"{r['consumer_wait']:.0%}",
+                         _amount(r["decode_us_per_record"])))
     return _columns(head, rows, {0, 1, 2})
 
 

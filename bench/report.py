@@ -87,7 +87,7 @@ def _scaling(suite: Mapping) -> list[str]:
     tables = suite["scaling"]
     stages = next((list(r["worker_shares"]) for t in tables for r in t["rows"] if "worker_shares" in r), [])
     head = [suite.get("group_label", "group"), "daemon", "W", "records/s", "speed-up", "efficiency",
-            *(f"workers: {s}" for s in stages), "consumer waiting"]
+            *(f"workers: {s}" for s in stages), "consumer waiting", "decode µs/record"]
     rows = []
     for t in tables:
         for r in t["rows"]:
@@ -99,7 +99,7 @@ def _scaling(suite: Mapping) -> list[str]:
                          "" if r["speedup"] is None else f"{r['speedup']:.2f}x",
                          "" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f} %",
                          *(f"{100 * r['worker_shares'][s]:.0f} %" for s in stages),
-                         f"{100 * r['consumer_wait']:.0f} %"])
+                         f"{100 * r['consumer_wait']:.0f} %", f"{r['decode_us_per_record']:,.1f}"])
     return _table(head, rows)
 
 

@@ -189,7 +189,8 @@ def test_a_scaling_table_has_a_row_per_w_its_efficiency_and_shares_a_refused_w_a
     for w, seconds in {1: 1.0, 2: 0.6, 4: 0.4}.items():
         r.figures.append(_figure(f"daemon W={w}", [seconds], group="mnist", suite="infeed"))
         r.stages.append({"group": "mnist", "name": f"daemon W={w}", "trainer_wait": 0.25, "worker_shares": shares,
-                          "bottleneck": "decode"})
+                         "us_per_record": {"read": 1.0, "inflate": 0.0, "crc": 1.0, "decode": 5.0 * w},
+                         "bottleneck": "decode"})
     r.refuse("mnist", ["daemon W=8"], "W=8 needs 72 batches (8 to start, then 8 per worker), the file has 27")
     r.add_scaling("mnist", "idle consumer", {w: f"daemon W={w}" for w in (1, 2, 4, 8)})
     r.add_scaling("mnist", "one W only", {1: "daemon W=1"})          # one W: no table
@@ -200,13 +201,14 @@ def test_a_scaling_table_has_a_row_per_w_its_efficiency_and_shares_a_refused_w_a
     assert [rows[w]["efficiency"] for w in (1, 2, 4)] == pytest.approx([1.0, 1 / 1.2, 0.625])
     assert rows[8] == {"workers": 8, "oversubscribed": 8 > harness.cpus_allowed(), "refused": r.refused[0].reason}
     assert all(rows[w]["worker_shares"] == shares and rows[w]["consumer_wait"] == 0.25 for w in (1, 2, 4))
+    assert [rows[w]["decode_us_per_record"] for w in (1, 2, 4)] == [5.0, 10.0, 20.0]     # each worker slower
     text = harness.format_result(r)
     assert "  refused: W=8 needs 72 batches" in text and "  62%  " in text and "  2.50x  " in text
     md, pngs = report.write_report(_doc(tmp_path, r))
     assert json.loads((tmp_path / "run.json").read_text())["suites"]["infeed"]["scaling"] == r.scaling
     markdown = open(md).read()
     four, eight = (f"{w} (oversubscribed: {table['cpus']} CPUs)" if w > table["cpus"] else f"{w}" for w in (4, 8))
-    assert (f"| mnist | idle consumer | {four} | 2,500 | 2.50x | 62 % | 10 % | 0 % | 10 % | 50 % | 20 % | 10 % | 25 % |"
-            in markdown)
+    assert (f"| mnist | idle consumer | {four} | 2,500 | 2.50x | 62 % | 10 % | 0 % | 10 % | 50 % | 20 % | 10 % | 25 % "
+            f"| 20.0 |" in markdown)
     assert f"| mnist | idle consumer | {eight} | refused: W=8 needs 72 batches" in markdown
     assert pngs == [] or "infeed-scaling.png" in [os.path.basename(p) for p in pngs]
