@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
-__all__ = ["current_step", "in_loop", "watching_step_reads"]
+__all__ = ["collecting", "current_step", "in_loop", "watching_step_reads"]
 
 _step: contextvars.ContextVar[jax.Array | None] = contextvars.ContextVar("xla_runtime_step", default=None)
 _reads: contextvars.ContextVar[list | None] = contextvars.ContextVar("xla_runtime_step_reads", default=None)
@@ -45,16 +45,21 @@ def current_step() -> jax.Array:
     return step
 
 
-@contextlib.contextmanager
-def watching_step_reads() -> Iterator[list]:
+def watching_step_reads() -> contextlib.AbstractContextManager[list]:
     """Yields a list that :func:`current_step` appends to while the block runs: empty at its end where
     nothing traced within read the step index (compile_loop then leaves the index out of its program)."""
-    reads: list = []
-    token = _reads.set(reads)
+    return collecting(_reads)
+
+
+@contextlib.contextmanager
+def collecting(var: contextvars.ContextVar) -> Iterator[list]:
+    """Sets ``var`` to a new list for the block, which yields it (what the code traced within adds to it)."""
+    items: list = []
+    token = var.set(items)
     try:
-        yield reads
+        yield items
     finally:
-        _reads.reset(token)
+        var.reset(token)
 
 
 @contextlib.contextmanager

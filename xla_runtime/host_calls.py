@@ -82,7 +82,7 @@ import contextvars
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -90,7 +90,7 @@ import numpy as np
 from jax.experimental import io_callback
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from xla_runtime.context import current_step
+from xla_runtime.context import collecting, current_step
 
 __all__ = ["AFTER_LOOP_PENDING", "HostCallError", "every_n", "host_call", "raise_host_call_error",
            "wait_for_host_calls"]
@@ -148,16 +148,10 @@ def wait_for_host_calls() -> None:
     raise_host_call_error()
 
 
-@contextlib.contextmanager
-def carrying_out() -> Iterator[list]:
+def carrying_out() -> contextlib.AbstractContextManager[list]:
     """Around the tracing of one step (compile_loop): collects its after-loop host calls, each
     ``(fn, with_step, n, arrays)``, into the list it yields, in the order the step makes them."""
-    calls: list = []
-    token = _carried.set(calls)
-    try:
-        yield calls
-    finally:
-        _carried.reset(token)
+    return collecting(_carried)
 
 
 def run_after_loop(calls: list, first_step: int, steps: int, carried: list) -> None:
