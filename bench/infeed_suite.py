@@ -92,7 +92,8 @@ from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, SuiteRe
                            daemon_batches, interleave, log, settle_allocator, stage_breakdown, steady_refusal)
 
 __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
-           "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "sleep_overshoot", "check_same_batches",
+           "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "steady_figure", "sleep_overshoot",
+           "check_same_batches",
            "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "SMALLEST",
            "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS", "target_of",
            "parallel_name", "scaling_name"]
@@ -417,11 +418,12 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     return result
 
 
-def _steady_figure(c: DaemonCase, name: str, group: str, sizes: list[int], b: int, n_batches: int):
-    """The figure of a case's steady state: batches W..N-1."""
+def steady_figure(c: DaemonCase, name: str, group: str, sizes: list[int], b: int, n_batches: int,
+                  suite: str = SUITE):
+    """The figure of a case's steady state, batches W..N-1, in ``suite``'s results."""
     w = c.workers
     case = Case(name, c.run, (n_batches - w) * b, sum(sizes[w * b:n_batches * b]))
-    return dataclasses.replace(Measurement(case, c.steady[WARMUP:]).figure(SUITE, group), batches=n_batches - w)
+    return dataclasses.replace(Measurement(case, c.steady[WARMUP:]).figure(suite, group), batches=n_batches - w)
 
 
 def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: list[int], slots: list[int],
@@ -460,9 +462,9 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
                        for m, w in zip(measured[1:1 + len(parallel)], [w for w in workers if w > 1])]
     for w, c in idle.items():
         result.params.setdefault("feed_spin_s", {})[w] = c.spin
-        result.figures.append(_steady_figure(c, daemon_name(w), name, sizes, b, n_batches))
+        result.figures.append(steady_figure(c, daemon_name(w), name, sizes, b, n_batches))
     for w, c in through_index.items():
-        result.figures.append(_steady_figure(c, indexed_name(w), name, sizes, b, n_batches))
+        result.figures.append(steady_figure(c, indexed_name(w), name, sizes, b, n_batches))
     for w, c in idle.items():
         whole = Case(startup_name(w), c.run, all_records, all_bytes)
         result.figures.append(dataclasses.replace(Measurement(whole, c.after_made[WARMUP:]).figure(SUITE, name),
@@ -476,7 +478,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
             for w in timed for n in slots}
     interleave([c.case(all_records, all_bytes) for c in busy.values()], repeats, WARMUP)
     for c in busy.values():
-        result.figures.append(_steady_figure(c, c.name, name, sizes, b, n_batches))
+        result.figures.append(steady_figure(c, c.name, name, sizes, b, n_batches))
     done = [c.work for c in busy.values()]
     calls = max(1, sum(x.calls for x in done))
     result.notes.append(f"busy consumer, {name}: work per batch set to {per_batch * 1e6:,.0f} us "

@@ -133,7 +133,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     per_run = (proxy.requests - requests_before) / max(1, runs * len(timed))
     result.params.setdefault("proxy_requests_per_run", {})[name] = round(per_run, 1)
     for case_name, c in cases.items():
-        result.figures.append(infeed_suite._steady_figure(c, case_name, name, sizes, b, n_batches))
+        result.figures.append(infeed_suite.steady_figure(c, case_name, name, sizes, b, n_batches, SUITE))
         result.stages.append(stage_breakdown(name, case_name, c.median_stages()))
     def rate(case_name: str) -> float:
         return result.rate(name, case_name)

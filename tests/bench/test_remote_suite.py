@@ -40,7 +40,7 @@ def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_noth
     assert suite.LAYOUTS == ("criteo", "imagenet") and doc["params"]["layouts"] == ["criteo"]
     layouts = ["criteo"]
     assert {(f["group"], f["name"]) for f in doc["figures"]} == {(l, n) for l in layouts for n in names}
-    assert all(f["records"] > 0 and f["records_per_s"] > 0 for f in doc["figures"])
+    assert all(f["records"] > 0 and f["records_per_s"] > 0 and f["suite"] == "remote" for f in doc["figures"])
     # the data sized for W=2 (25 batches of 128 at this --scale): each figure from 8 batches per worker or more
     assert "refused" not in doc and all(
         f["batches"] >= STEADY_BATCHES_PER_WORKER * int(f["name"].rsplit("W=", 1)[1]) for f in doc["figures"])
