@@ -335,10 +335,10 @@ class Checkpoints:
                 and ((path / MANIFEST).exists() or (path / STEP_METADATA).exists()))
 
     def _uncommitted(self, path: epath.Path) -> bool:
-        """Where orbax commits by writing its commit file last (object stores): a step's directory without it,
-        which a save or a deletion cut short left (no save is in flight when this is asked)."""
-        return (not self._renamed and _STEP.fullmatch(path.name) is not None and _is_real_directory(path)
-                and not (path / COMMIT_FILE).exists())
+        """Where orbax commits by writing its commit file last (object stores): a step without it, which a save or
+        a deletion cut short left (no save is in flight when this is asked). The callers check that it is a
+        directory (a request each, on a bucket: asked once)."""
+        return not self._renamed and _STEP.fullmatch(path.name) is not None and not (path / COMMIT_FILE).exists()
 
     def _verify(self, step: int, items: tuple[str, ...]) -> None:
         """Checks the files of ``items`` in checkpoint ``step`` against its digest manifest."""

@@ -178,7 +178,7 @@ def _run_loop_calls(calls: list, first_step: int, steps: int, carried: list) -> 
                 if step % n == 0 and _failure is None:
                     _invoke(fn, with_step, step, tree.unflatten([leaf[i] for leaf in leaves]))
     except BaseException as error:             # noqa: BLE001 - the device_get: reported as the calls' failure
-        _record(calls[0][0] if calls else None, first_step, error)
+        _record(calls[0][0], first_step, error)
     finally:
         _after_loop_slots.release()
 
@@ -228,13 +228,16 @@ def _call(fn: Callable, with_step: bool, step, arrays: tuple) -> None:
     """Runs on the runtime's thread, inside the program: never lets an exception out."""
     if _failure is not None:
         return
-    # copies: the runtime may reuse its buffers once the callback returns; int() of the jax.Array: ~20 µs more
-    _invoke(fn, with_step, int(np.asarray(step)), jax.tree.map(np.array, arrays))
+    # int() of the jax.Array itself costs ~20 µs more
+    _invoke(fn, with_step, int(np.asarray(step)), arrays, copy=True)
 
 
-def _invoke(fn: Callable, with_step: bool, step: int, arrays: tuple) -> None:
-    """``fn`` on ``arrays`` (numpy arrays); its exception is recorded."""
+def _invoke(fn: Callable, with_step: bool, step: int, arrays: tuple, copy: bool = False) -> None:
+    """``fn`` on ``arrays``, numpy arrays, or copies made here (``copy``: the runtime may reuse its buffers once
+    a callback returns); an exception, the copying's included, is recorded, never raised."""
     try:
+        if copy:
+            arrays = jax.tree.map(np.array, arrays)
         fn(step, *arrays) if with_step else fn(*arrays)
     except BaseException as error:             # noqa: BLE001 - never into XLA, nor lost on the host thread
         _record(fn, step, error)

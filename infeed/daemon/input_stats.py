@@ -27,6 +27,7 @@ and the trainer share 2 cores)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Mapping
 
@@ -151,8 +152,9 @@ class InputStats:
         filled = sum(ring.slot_state(i)[0] == "filled" for i in range(ring.slots))
         workers = tuple(WorkerStats.from_counters(w) for w in ring.workers())
         waits = {"start_up": consumer["startup_s"], "wait_for_batch": consumer["stall_s"]}
+        cpus = _cpu_ids()
         return cls(ring.name, consumer["elapsed_s"], ring.slots, filled, int(consumer["taken"]), ring.steps_per_slot,
-                   waits, workers, _cpus(), _physical_cores())
+                   waits, workers, len(cpus), _physical_cores(cpus))
 
     def since(self, earlier: "InputStats") -> "InputStats":
         """The figures between ``earlier`` (read from the same ring) and these."""
@@ -258,20 +260,17 @@ class InputStats:
                 "workers": [w.to_json() for w in self.workers], "bottleneck": self.bottleneck()}
 
 
-def _cpus() -> int:
-    return len(_cpu_ids())
+def _cpu_ids() -> frozenset[int]:
+    return frozenset(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1))
 
 
-def _cpu_ids() -> set[int]:
-    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-
-
-def _physical_cores() -> int:
-    """The physical cores under this process's CPUs, from Linux's topology (SMT siblings share one); 0 where
-    it does not say."""
+@functools.lru_cache(maxsize=8)
+def _physical_cores(cpus: frozenset[int]) -> int:
+    """The physical cores under ``cpus``, from Linux's topology (SMT siblings share one); 0 where it does not
+    say. Read once per set of CPUs: every ``stats()`` asks, and a 200-CPU host has 400 files to read."""
     cores = set()
     try:
-        for cpu in _cpu_ids():
+        for cpu in cpus:
             topology = f"/sys/devices/system/cpu/cpu{cpu}/topology"
             with open(f"{topology}/physical_package_id") as package, open(f"{topology}/core_id") as core:
                 cores.add((package.read().strip(), core.read().strip()))

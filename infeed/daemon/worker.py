@@ -121,7 +121,8 @@ class Producer:
         if transforms is not None and exists(self.ds, n):
             transforms.run(views, n, epoch, planned.index, planned.where)
         blank = [slice(n, None)] if n < self.ds.batch_size else []
-        blank += skipped                          # after the transforms: nothing they made of the zeros is kept
+        if transforms is not None:               # the parser zeroed the skipped rows; the transforms wrote them again
+            blank += skipped
         for arr in views.values():
             for part in (arr if isinstance(arr, Padded) else (arr,)):
                 for rows in blank:

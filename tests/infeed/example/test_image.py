@@ -527,6 +527,21 @@ def test_skipped_images_are_padding_rows_counted_in_stats_the_same_for_any_worke
         assert got["is_padding"].tolist() == want["is_padding"].tolist() and got["id"].tolist() == want["id"].tolist()
 
 
+def test_a_skipped_images_row_is_padding_after_a_transform_too(tmp_path):
+    import transforms_for_tests as tx
+
+    path = str(tmp_path / "bad.tfrecord")
+    bad = _bad_image_records(path)
+    dataset = Dataset(path, {"image": Image(size=(16, 16))}, batch_size=4, skip_corrupt=True,
+                      transform="transforms_for_tests:image_halves", outputs=tx.IMAGE_OUTPUTS)
+    with Daemon(dataset, num_workers=2, lock_memory=False, timeout=60) as feed:
+        batches = [{k: np.array(v) for k, v in b.items()} for b in feed]
+    pads = np.concatenate([b["is_padding"] for b in batches])
+    assert np.flatnonzero(pads).tolist() == sorted(bad)
+    is_view = np.concatenate([b["is_view"] for b in batches])
+    assert is_view[~pads].all() and not is_view[pads].any()     # what the transform made of the zeros is not kept
+
+
 def test_pillow_missing_names_the_extra(monkeypatch):
     import builtins
 
