@@ -20,6 +20,7 @@ examples (from the repository root):
                                       # own path (ArrayRecord + protobuf) and the daemon (W=1), ~3 minutes
   python -m bench images              # JPEGs to 224x224 into the ring (W=1, 2) against tf.data, ~4 minutes
   python -m bench images --quick
+  python -m bench cpus                # each CPU's JPEG decoding alone and with the others busy: the bound of scaling
   python -m bench loop                # compiled loops: steps/s on 1 and 8 CPU devices, ~3 minutes on 2 cores
   python -m bench loop --quick --devices 1 --models tiny
   python -m bench train               # Estimator.train from TFRecords against compile_loop, 2-5 minutes on 2 cores
@@ -40,8 +41,8 @@ import shlex
 import sys
 import time
 
-from bench import (compare, decode, grain_suite, harness, images_suite, infeed_suite, loop_suite, remote_suite, report,
-                   startup_suite, train_suite, transfer_suite)
+from bench import (compare, cpus_suite, decode, grain_suite, harness, images_suite, infeed_suite, loop_suite,
+                   remote_suite, report, startup_suite, train_suite, transfer_suite)
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
@@ -49,7 +50,8 @@ SUITES = {
         args.layouts or tuple(decode.datasets.LAYOUTS), scale=args.scale, quick=args.quick, repeats=args.repeats,
         data_dir=args.data_dir, seed=args.seed, cpu=args.cpu, tensorflow=not args.no_tf),
     "infeed": lambda args: infeed_suite.run(
-        args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers, slots=args.slots, scale=args.scale,
+        args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers,
+        slots=args.slots or infeed_suite.SLOT_SWEEP, scale=args.scale,
         quick=args.quick, repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
     "remote": lambda args: remote_suite.run(
         args.layouts or remote_suite.LAYOUTS, workers=args.workers or remote_suite.WORKERS, scale=args.scale,
@@ -57,9 +59,12 @@ SUITES = {
     "grain": lambda args: grain_suite.run(
         args.layouts or grain_suite.LAYOUTS, scale=args.scale, quick=args.quick, repeats=args.repeats,
         data_dir=args.data_dir, seed=args.seed),
+    "cpus": lambda args: cpus_suite.run(quick=args.quick, repeats=args.repeats, data_dir=args.data_dir,
+                                       seed=args.seed),
     "images": lambda args: images_suite.run(
-        workers=args.workers, quick=args.quick, repeats=args.repeats, scale=args.scale, data_dir=args.data_dir,
-        seed=args.seed, tensorflow=not args.no_tf),
+        args.sources or tuple(images_suite.SOURCES), workers=args.workers,
+        slots=args.slots or (images_suite.SLOTS,), quick=args.quick, repeats=args.repeats, scale=args.scale,
+        data_dir=args.data_dir, seed=args.seed, tensorflow=not args.no_tf),
     "loop": lambda args: loop_suite.run(
         list(args.devices or loop_suite.DEVICES), models=args.models or loop_suite.MODELS, quick=args.quick,
         repeats=args.repeats),
@@ -110,9 +115,11 @@ def parse_args(argv):
                         "Counts above this machine's CPUs are accepted, their rows marked oversubscribed; with two "
                         "or more, infeed and images print and save a scaling table (records/s, speed-up over W=1, "
                         "efficiency, the stage shares) and its plot")
-    p.add_argument("--slots", type=_counts("slot"), default=list(infeed_suite.SLOT_SWEEP),
-                   help="infeed: comma-separated ring sizes of the busy consumer's rows (default: 2,4,8,16; 8 is "
-                        "always among them)")
+    p.add_argument("--slots", type=_counts("slot"), default=None,
+                   help="infeed: comma-separated ring sizes of the busy consumer's rows (default: 2,4,8,16); "
+                        "images: of the daemon rows (default: 8); 8 is always among them")
+    p.add_argument("--sources", type=lambda s: [x for x in s.split(",") if x], default=None,
+                   help=f"images: comma-separated photo sizes (default: all of {','.join(images_suite.SOURCES)})")
     p.add_argument("--devices", type=_counts("device"), default=None,
                    help="loop, train: comma-separated CPU device counts, one process each (default: loop 1,8; "
                         "train 1)")
@@ -147,6 +154,9 @@ def parse_args(argv):
     unknown = sorted(set(args.layouts or ()) - set(decode.datasets.LAYOUTS))
     if unknown:
         p.error(f"unknown layouts {unknown}; known: {', '.join(decode.datasets.LAYOUTS)}")
+    unknown = sorted(set(args.sources or ()) - set(images_suite.SOURCES))
+    if unknown:
+        p.error(f"unknown sources {unknown}; known: {', '.join(images_suite.SOURCES)}")
     unknown = sorted(set(args.models or ()) - set(loop_suite.MODELS))
     if unknown:
         p.error(f"unknown models {unknown}; known: {', '.join(loop_suite.MODELS)}")

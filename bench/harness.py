@@ -53,6 +53,7 @@ __all__ = [
     "format_ratios",
     "write_json", "log", "NOISE_BOUND", "QUARTILE_RUNS", "noise_flag", "relative_spread", "Refusal", "Refused",
     "STEADY_BATCHES_PER_WORKER", "daemon_batches", "steady_refusal", "cpus_allowed", "format_scaling",
+    "scaling_rows",
 ]
 
 #: The JSON layout's version; bump it when a field changes meaning.
@@ -369,13 +370,19 @@ class SuiteResult:
         except Refused as e:
             self.refused.append(Refusal(self.suite, group, name, f"{e.refusal.name} is refused", "ratio"))
 
-    def add_scaling(self, group: str, name: str, figures: Mapping[int, str]) -> None:
+    def add_scaling(self, group: str, name: str, figures: Mapping[int, str],
+                    bound: Mapping[int, str] | None = None) -> None:
         """Appends the scaling table of ``figures`` (W -> the daemon figure with W workers, its stage breakdown in
         :attr:`stages`), where two or more W were asked: a row per W with records/s, the speed-up over W=1 (None
         without a W=1 figure) and the efficiency (speed-up / W), the workers' stage shares and the consumer's
         wait share, and the workers' decoding time per record (which grows with W where each worker's own work
-        slows: shared cores, memory bandwidth, clocks); a refused W's row gives the reason instead. A W above
-        :func:`cpus_allowed` is oversubscribed."""
+        slows: shared cores, memory bandwidth, clocks), and with two workers or more the slowest worker's decoding
+        time per record over the fastest's (CPUs of unequal speed: batches are dealt in turn, so the slowest sets
+        the pace); a refused W's row gives the reason instead. A W above :func:`cpus_allowed` is oversubscribed.
+
+        ``bound`` (W -> the figure of W processes parsing at once, sharing nothing; 1 -> the one-process parse)
+        adds what the machine gives W decoders: ``bound_speedup``, their rate over one's, and ``of_bound``, the
+        daemon's speed-up over that (1.0: the workers scale as well as the machine lets any W decoders)."""
         if len(figures) < 2:
             return
         cpus, rows = cpus_allowed(), []
@@ -392,10 +399,16 @@ class SuiteResult:
                 continue
             speedup = None if one is None else rate / one
             [stages] = [s for s in self.stages if (s["group"], s["name"]) == (group, figure)]
-            rows.append({**row, "records_per_s": rate, "speedup": speedup,
-                         "efficiency": None if speedup is None else speedup / w,
-                         "worker_shares": stages["worker_shares"], "consumer_wait": stages["trainer_wait"],
-                         "decode_us_per_record": stages["us_per_record"]["decode"]})
+            row.update(records_per_s=rate, speedup=speedup, efficiency=None if speedup is None else speedup / w,
+                       worker_shares=stages["worker_shares"], consumer_wait=stages["trainer_wait"],
+                       decode_us_per_record=stages["us_per_record"]["decode"])
+            each = [x for x in stages.get("worker_decode_us_per_record", ()) if x > 0]
+            if len(each) > 1:
+                row["decode_slowest_over_fastest"] = max(each) / min(each)
+            if bound and w in bound and 1 in bound:
+                machine = self.rate(group, bound[w]) / self.rate(group, bound[1])
+                row.update(bound_speedup=machine, of_bound=None if speedup is None else speedup / machine)
+            rows.append(row)
         self.scaling.append({"group": group, "name": name, "cpus": cpus, "rows": rows})
 
     def ratio_noise(self, ratio: Ratio) -> str:
@@ -435,7 +448,8 @@ def stage_breakdown(group: str, name: str, stats) -> dict:
     doc = stats.to_json()
     return {"group": group, "name": name, "trainer_wait": doc["trainer_wait"],
             "consumer_shares": doc["consumer_shares"], "worker_shares": doc["worker_shares"],
-            "us_per_record": doc["us_per_record"], "workers": len(doc["workers"]), "bottleneck": doc["bottleneck"]}
+            "us_per_record": doc["us_per_record"], "workers": len(doc["workers"]), "bottleneck": doc["bottleneck"],
+            "worker_decode_us_per_record": [w["us_per_record"]["decode"] for w in doc["workers"]]}
 
 
 def interleave(cases: Sequence[Case], repeats: int, warmup: int = 1) -> list[Measurement]:
@@ -647,23 +661,37 @@ def format_table(figures: Sequence[Figure], group_label: str = "group", name_lab
 
 def format_scaling(tables: Sequence[dict], group_label: str = "group") -> str:
     """The scaling tables (:meth:`SuiteResult.add_scaling`), one block of rows each: records/s, speed-up over
-    W=1, efficiency and the stage shares per W; a refused W gives the reason; an oversubscribed W says so."""
+    W=1, efficiency and the stage shares per W, and where measured what W processes parsing alone gain and the
+    daemon's share of that; a refused W gives the reason; an oversubscribed W says so."""
+    head, rows = scaling_rows(tables, group_label, percent="{:.0%}".format)
+    return _columns(head, rows, {0, 1, 2})
+
+
+def scaling_rows(tables: Sequence[dict], group_label: str, *, percent: Callable[[float], str]) -> tuple[list, list]:
+    """The head and rows of the scaling tables as text, ``percent`` writing a share. A refused W's row is short:
+    the reason in place of the records/s and nothing after it."""
     stages = next((list(r["worker_shares"]) for t in tables for r in t["rows"] if "worker_shares" in r), [])
-    head = (group_label, "daemon", "W", "records/s", "speed-up", "efficiency", *(f"workers: {s}" for s in stages),
-            "consumer wait", "decode us/record")
+    bounded = any("bound_speedup" in r for t in tables for r in t["rows"])
+    head = [group_label, "daemon", "W", "records/s", "speed-up", "efficiency", *(f"workers: {s}" for s in stages),
+            "consumer wait", "decode us/record", "slowest/fastest worker",
+            *(("W processes alone", "of that") if bounded else ())]
     rows = []
     for t in tables:
         for r in t["rows"]:
             w = f"{r['workers']}" + (f" (oversubscribed: {t['cpus']} CPUs)" if r["oversubscribed"] else "")
             if "refused" in r:
-                rows.append((t["group"], t["name"], w, f"refused: {r['refused']}"))
+                rows.append([t["group"], t["name"], w, f"refused: {r['refused']}"])       # short: the reason
                 continue
-            rows.append((t["group"], t["name"], w, _rate(r["records_per_s"]),
+            rows.append([t["group"], t["name"], w, _rate(r["records_per_s"]),
                          "" if r["speedup"] is None else f"{r['speedup']:.2f}x",
-                         "" if r["efficiency"] is None else f"{r['efficiency']:.0%}",
-                         *(f"{r['worker_shares'][s]:.0%}" for s in stages), f"{r['consumer_wait']:.0%}",
-                         _amount(r["decode_us_per_record"])))
-    return _columns(head, rows, {0, 1, 2})
+                         "" if r["efficiency"] is None else percent(r["efficiency"]),
+                         *(percent(r["worker_shares"][s]) for s in stages),
+                         percent(r["consumer_wait"]), _amount(r["decode_us_per_record"]),
+                         f"{r['decode_slowest_over_fastest']:.2f}x" if "decode_slowest_over_fastest" in r else ""])
+            if bounded:
+                rows[-1] += ["" if "bound_speedup" not in r else f"{r['bound_speedup']:.2f}x",
+                             "" if r.get("of_bound") is None else percent(r["of_bound"])]
+    return head, rows
 
 
 def _amount(x: float) -> str:

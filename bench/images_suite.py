@@ -16,7 +16,13 @@ interleaved (A B C A B C ...), nothing pinned:
   :data:`~bench.harness.STEADY_BATCHES_PER_WORKER` (8) batches per worker:
   the photos are as many as the largest W needs, times ``--scale``; a W
   whose file is too short for it, a small ``--scale``, is refused, the
-  reason printed in place of its figures and ratios).
+  reason printed in place of its figures and ratios). The ring has 8 slots
+  (rounded up to a multiple of W: one a worker from W=8 on); ``slots`` adds
+  rows ``daemon W=w, S slots, <mode>`` of other ring sizes.
+- ``parse (W processes at once), <mode>``, for each W > 1: W processes, started
+  before timing and sharing nothing, each parsing its share of the batches
+  (every W-th, as a worker does) at the same time (:mod:`bench.parallel_parse`):
+  what this machine's CPUs give W decoders, the bound for W workers.
 - ``tf.data <mode>, T thread(s)``: ``TFRecordDataset -> map(parse, decode,
   crop, resize, num_parallel_calls=T) -> batch`` with a private thread pool
   of T threads and no intra-op parallelism: the same thread budget as T
@@ -28,9 +34,10 @@ interleaved (A B C A B C ...), nothing pinned:
   centre crop`` decodes the whole image first (the other way TensorFlow
   users write it).
 
-With two or more W, a scaling table per source and crop
+With two or more W, a scaling table per source, crop and ring size
 (:meth:`~bench.harness.SuiteResult.add_scaling`): records/s, speed-up over W=1,
-efficiency and stage shares at each W, a W above the CPUs marked oversubscribed.
+efficiency and stage shares at each W, what W processes parsing alone gain over
+one and the daemon's share of that, a W above the CPUs marked oversubscribed.
 
 Where the time goes is measured in the same interleaved runs, per image, in
 this process: the JPEG decode at the DCT scale the centre crop uses, the resize
@@ -54,14 +61,17 @@ from bench import decode
 from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, Refused, SuiteResult, daemon_batches,
                            interleave, log, settle_allocator, stage_breakdown, steady_refusal)
 from bench.infeed_suite import WARMUP, DaemonCase
+from bench.parallel_parse import ParallelParse
 from infeed.example.image import _central_window
 
-__all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "parse_name", "daemon_name", "tf_name",
-           "write_photos"]
+__all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "SLOTS", "parse_name", "daemon_name",
+           "parallel_name", "scaling_label", "tf_name", "spec", "write_photos"]
 
 SUITE = "images"
 SIZE = 224
 BATCH_SIZE = 16
+#: The daemon rows' ring size unless ``slots`` asks for others too (rounded up to a multiple of W by the Daemon).
+SLOTS = 8
 #: Source name -> (height, width, records, quick records); at least daemon_batches(the largest W) batches are
 #: written, for the daemons' steady state, then --scale applies.
 SOURCES = {"500x375": (375, 500, 512, 128), "1024x768": (768, 1024, 256, 128)}
@@ -79,8 +89,18 @@ def parse_name(mode: str) -> str:
     return f"parse, {mode} (1 process)"
 
 
-def daemon_name(workers: int, mode: str) -> str:
-    return f"daemon W={workers}, {mode}"
+def daemon_name(workers: int, mode: str, slots: int = SLOTS) -> str:
+    """A daemon row's name; ``slots`` other than the default ring's 8 are named in it."""
+    return f"daemon W={workers}, {mode}" if slots == SLOTS else f"daemon W={workers}, {slots} slots, {mode}"
+
+
+def parallel_name(processes: int, mode: str) -> str:
+    return f"parse ({processes} processes at once), {mode}"
+
+
+def scaling_label(mode: str, slots: int = SLOTS) -> str:
+    """The name of a mode's scaling table (one per ring size)."""
+    return mode if slots == SLOTS else f"{mode}, {slots} slots"
 
 
 def tf_name(mode: str, threads: int) -> str:
@@ -158,7 +178,8 @@ def _ensure_photos(data_dir: str, source: str, records: int, seed: int) -> tuple
 # Cases
 
 
-def _spec(mode: str) -> dict:
+def spec(mode: str) -> dict:
+    """The spec that decodes a photo to 224x224 with crop ``mode`` (a key of :data:`MODES`), and its label."""
     return {"image": infeed.Image(size=(SIZE, SIZE), resize=MODES[mode]),
             "image/class/label": infeed.FixedLen((), "int64")}
 
@@ -180,7 +201,7 @@ def _bare_case(images: list[bytes], nbytes: int) -> Case:
 
 
 def _parse_case(path: str, mode: str, records: int, nbytes: int) -> Case:
-    parser = infeed.ExampleParser(_spec(mode))
+    parser = infeed.ExampleParser(spec(mode))
     out = parser.allocate(BATCH_SIZE)
 
     def run():
@@ -245,7 +266,7 @@ def _check_agreement(tf, path: str) -> tuple[float, float]:
     infeed decodes at a DCT scale: tf.data's bilinear resize then aliases and infeed's does not)."""
     with infeed.read_records(path) as reader:
         records = reader.read_batch(BATCH_SIZE)
-    ours = infeed.ExampleParser(_spec("centre crop")).parse(records)["image"].astype(np.float32)
+    ours = infeed.ExampleParser(spec("centre crop")).parse(records)["image"].astype(np.float32)
     theirs, _ = next(iter(_tf_pipeline(tf, path, "centre crop", 1)))
     pipeline = float(np.abs(ours - np.clip(np.floor(theirs.numpy() + 0.5), 0, 255)).mean())
     reference = []
@@ -291,14 +312,22 @@ def _part_cases(images: list[bytes], nbytes: int) -> list[Case]:
 # The suite
 
 
-def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1, 2), quick: bool = False,
-        repeats: int | None = None, scale: float = 1.0, data_dir=None, seed: int = 0,
+def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1, 2), slots: Sequence[int] = (SLOTS,),
+        quick: bool = False, repeats: int | None = None, scale: float = 1.0, data_dir=None, seed: int = 0,
         tensorflow: bool = True) -> SuiteResult:
-    """Measures every source size; returns the figures, the ratios against TARGETS, timings and notes."""
+    """Measures every source size; returns the figures, the ratios against TARGETS, timings and notes.
+
+    slots: the daemons' ring sizes (:data:`SLOTS` always among them), each a row per W and crop mode.
+    """
     repeats = repeats if repeats is not None else (3 if quick else 7)
+    unknown = sorted(set(sources) - set(SOURCES))
+    if unknown:
+        raise ValueError(f"unknown sources {unknown}; known: {', '.join(SOURCES)}")
+    slots = sorted({SLOTS, *slots})
     result = SuiteResult(SUITE, group_label="source", name_label="pipeline",
                          params={"sources": list(sources), "repeats": repeats, "warmup": WARMUP,
-                                 "batch_size": BATCH_SIZE, "size": SIZE, "workers": list(workers), "seed": seed})
+                                 "batch_size": BATCH_SIZE, "size": SIZE, "workers": list(workers), "slots": slots,
+                                 "seed": seed})
     tf = decode._import_tensorflow() if tensorflow else None
     result.params["tensorflow"] = getattr(tf, "__version__", None)
     with contextlib.ExitStack() as stack:
@@ -311,7 +340,7 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
             records = max(3 * BATCH_SIZE, round(base * scale)) // BATCH_SIZE * BATCH_SIZE
             log(f"images: writing {records} {source} photos to {data_dir} ...")
             path, took = _ensure_photos(data_dir, source, records, seed)
-            _measure_source(result, tf, source, path, records, workers, repeats)
+            _measure_source(result, tf, source, path, records, workers, slots, repeats)
             how = "reused" if took is None else f"written in {took:.1f} s"
             result.notes.append(f"data: {source}: {records} photos, {os.path.getsize(path) / 1e6:.1f} MB "
                                 f"({os.path.getsize(path) / records / 1e3:.0f} KB each), {how}: {path}")
@@ -330,33 +359,39 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
 
 
 def _measure_source(result: SuiteResult, tf, source: str, path: str, records: int, workers: Sequence[int],
-                    repeats: int) -> None:
+                    slots: Sequence[int], repeats: int) -> None:
     nbytes = os.path.getsize(path)
     with infeed.read_records(path) as reader:
         images = _images_of(list(reader))
     n_batches = records // BATCH_SIZE
     refused = {w: why for w in workers if (why := steady_refusal(w, n_batches))}
     for w, why in refused.items():
-        result.refuse(source, [daemon_name(w, mode) for mode in MODES], why)
+        result.refuse(source, [daemon_name(w, mode, n) for mode in MODES for n in slots], why)
+    several = [w for w in workers if w > 1]
     cases = [_bare_case(images, nbytes), *_part_cases(images, nbytes)]
     daemons = []
-    for mode in MODES:
-        cases.append(_parse_case(path, mode, records, nbytes))
-        dataset = infeed.Dataset(path, _spec(mode), batch_size=BATCH_SIZE, num_epochs=1)
-        daemons += [DaemonCase(daemon_name(w, mode), dataset, w) for w in workers if w not in refused]
-    cases += [d.case(records, nbytes) for d in daemons]
-    if tf is not None:
-        pipeline, antialiased = _check_agreement(tf, path)
-        result.notes.append(f"{source}: infeed's centre crops of the first batch differ from tf.data's by "
-                            f"{pipeline:.2f} uint8 levels on average, from the whole image resized with "
-                            f"antialias=True by {antialiased:.2f}")
-        cases += [_tf_case(tf, tf_name(mode, t), _tf_pipeline(tf, path, mode, t), records, nbytes)
-                  for mode in MODES for t in workers]
-        cases.append(_tf_case(tf, TF_FULL, _tf_pipeline(tf, path, "centre crop", 1, decode_first=True), records,
-                              nbytes))
-    log(f"images: timing {source} ({len(cases)} cases, {repeats} runs each) ...")
-    settle_allocator()
-    measured = interleave(cases, repeats, WARMUP)
+    with contextlib.ExitStack() as stack:
+        for mode in MODES:
+            cases.append(_parse_case(path, mode, records, nbytes))
+            cases += [Case(parallel_name(w, mode), stack.enter_context(
+                ParallelParse(path, f"images:{mode}", BATCH_SIZE, w, share=True)).run, records, nbytes)
+                      for w in several]
+            dataset = infeed.Dataset(path, spec(mode), batch_size=BATCH_SIZE, num_epochs=1)
+            daemons += [DaemonCase(daemon_name(w, mode, n), dataset, w, slots=n)
+                        for n in slots for w in workers if w not in refused]
+        cases += [d.case(records, nbytes) for d in daemons]
+        if tf is not None:
+            pipeline, antialiased = _check_agreement(tf, path)
+            result.notes.append(f"{source}: infeed's centre crops of the first batch differ from tf.data's by "
+                                f"{pipeline:.2f} uint8 levels on average, from the whole image resized with "
+                                f"antialias=True by {antialiased:.2f}")
+            cases += [_tf_case(tf, tf_name(mode, t), _tf_pipeline(tf, path, mode, t), records, nbytes)
+                      for mode in MODES for t in workers]
+            cases.append(_tf_case(tf, TF_FULL, _tf_pipeline(tf, path, "centre crop", 1, decode_first=True), records,
+                                  nbytes))
+        log(f"images: timing {source} ({len(cases)} cases, {repeats} runs each) ...")
+        settle_allocator()
+        measured = interleave(cases, repeats, WARMUP)
     steady = {d.name: d for d in daemons}
     for m in measured:
         d = steady.get(m.case.name)
@@ -369,7 +404,9 @@ def _measure_source(result: SuiteResult, tf, source: str, path: str, records: in
                                                   batches=steady_batches))
         result.stages.append(stage_breakdown(source, d.name, d.median_stages()))
     for mode in MODES:
-        result.add_scaling(source, mode, {w: daemon_name(w, mode) for w in workers})
+        bound = {1: parse_name(mode), **{w: parallel_name(w, mode) for w in several}}
+        for n in slots:
+            result.add_scaling(source, scaling_label(mode, n), {w: daemon_name(w, mode, n) for w in workers}, bound)
     _add_ratios(result, source, tf is not None, workers)
     _add_breakdown(result, source)
 

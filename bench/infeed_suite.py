@@ -57,7 +57,9 @@ And the timings (lower is better):
 
 With two or more W, a scaling table per layout (:meth:`~bench.harness.SuiteResult.add_scaling`): the
 ``daemon W=w`` rows' records/s, speed-up over W=1, efficiency (speed-up / W)
-and stage shares at each W, a W above the CPUs marked oversubscribed.
+and stage shares at each W, what ``parse (W processes at once)`` gains over
+``parse (1 process)`` and the daemon's share of that, a W above the CPUs marked
+oversubscribed.
 
 Before timing, the daemon's first two batches (W = the most workers asked
 for) are checked against ``ExampleParser.parse`` of the same records. With
@@ -503,7 +505,8 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
 
     for c in [*idle.values(), *through_index.values(), *busy.values()]:
         result.stages.append(stage_breakdown(name, c.name, c.median_stages()))
-    result.add_scaling(name, "idle consumer", {w: daemon_name(w) for w in workers})
+    result.add_scaling(name, "idle consumer", {w: daemon_name(w) for w in workers},
+                       {1: PARSE, **{w: parallel_name(w) for w in workers if w > 1}})
 
     # Ratios.
     pairs = [(daemon_name(w), PARSE) for w in workers]

@@ -139,8 +139,8 @@ def infeed_workers_slots(suites: Mapping):
 
 def scaling(suites: Mapping, name: str):
     """The scaling tables of suite ``name`` (``bench infeed``, ``bench images``), a subplot each: records/s
-    against W, and the efficiency (speed-up over W=1 / W) on a second axis; oversubscribed W shaded, refused W
-    left out."""
+    against W, beside W=1's rate times what W processes parsing alone gain where measured, and the efficiency
+    (speed-up over W=1 / W) on a second axis; oversubscribed W shaded, refused W left out."""
     tables = (suites.get(name) or {}).get("scaling")
     if not tables:
         return None
@@ -148,6 +148,11 @@ def scaling(suites: Mapping, name: str):
     for ax, table in zip(axes, tables):
         rows = [r for r in table["rows"] if "refused" not in r]
         ax.plot([r["workers"] for r in rows], [r["records_per_s"] for r in rows], marker="o", label="records/s")
+        bounded = [r for r in rows if "bound_speedup" in r and r["speedup"]]
+        if bounded:         # W=1's rate times what W processes parsing alone gain: the machine's own scaling
+            one = bounded[0]["records_per_s"] / bounded[0]["speedup"]
+            ax.plot([r["workers"] for r in bounded], [one * r["bound_speedup"] for r in bounded], marker=".",
+                    linestyle=":", color="tab:grey", label="W processes alone (x W=1)")
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_formatter(_THOUSANDS)
         ax.set_ylabel("records/s")

@@ -19,6 +19,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from bench.harness import scaling_rows
+
 __all__ = ["write_report", "render", "load", "main"]
 
 
@@ -82,25 +84,12 @@ def _figures(suite: Mapping) -> list[str]:
 
 
 def _scaling(suite: Mapping) -> list[str]:
-    """A row per daemon and W: records/s, speed-up over W=1, efficiency, the stage shares; a refused W gives the
-    reason; an oversubscribed W (more workers than CPUs) says so."""
-    tables = suite["scaling"]
-    stages = next((list(r["worker_shares"]) for t in tables for r in t["rows"] if "worker_shares" in r), [])
-    head = [suite.get("group_label", "group"), "daemon", "W", "records/s", "speed-up", "efficiency",
-            *(f"workers: {s}" for s in stages), "consumer waiting", "decode µs/record"]
-    rows = []
-    for t in tables:
-        for r in t["rows"]:
-            w = f"{r['workers']}" + (f" (oversubscribed: {t['cpus']} CPUs)" if r["oversubscribed"] else "")
-            if "refused" in r:
-                rows.append([t["group"], t["name"], w, f"refused: {r['refused']}", *[""] * (len(head) - 4)])
-                continue
-            rows.append([t["group"], t["name"], w, _num(r["records_per_s"]),
-                         "" if r["speedup"] is None else f"{r['speedup']:.2f}x",
-                         "" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f} %",
-                         *(f"{100 * r['worker_shares'][s]:.0f} %" for s in stages),
-                         f"{100 * r['consumer_wait']:.0f} %", f"{r['decode_us_per_record']:,.1f}"])
-    return _table(head, rows)
+    """A row per daemon and W: records/s, speed-up over W=1, efficiency, the stage shares, and what W processes
+    parsing alone gain; a refused W gives the reason; an oversubscribed W (more workers than CPUs) says so."""
+    head, rows = scaling_rows(suite["scaling"], suite.get("group_label", "group"),
+                              percent=lambda x: f"{100 * x:.0f} %")
+    head = [h.replace("us/record", "µs/record").replace("consumer wait", "consumer waiting") for h in head]
+    return _table(head, [r + [""] * (len(head) - len(r)) for r in rows])
 
 
 def _timings(suite: Mapping) -> list[str]:

@@ -4,6 +4,8 @@ daemon figure from at least STEADY_BATCHES_PER_WORKER batches per worker or refu
 import json
 import re
 
+import pytest
+
 import infeed
 from bench import __main__ as bench_main
 from bench import harness
@@ -14,22 +16,26 @@ from tests.bench.test_infeed_suite import check_scaling
 
 def test_images_suite_gives_every_figure_ratio_and_note_and_refuses_a_w_its_photos_are_too_few_for(tmp_path):
     # W=4 on a 2-CPU machine: the quick photos are sized for it (36 batches of 16), a quarter of them written (a
-    # small --scale): 9 batches, W=1's 1 + 8; W=4's figures (36) are refused, and every ratio of them
-    result = suite.run(sources=("500x375",), workers=(1, 4), quick=True, repeats=1, scale=0.25, tensorflow=False,
-                       data_dir=str(tmp_path))
+    # small --scale): 9 batches, W=1's 1 + 8; W=4's figures (36) are refused, and every ratio of them. A ring of
+    # 16 slots beside the default 8 gives its own rows and scaling tables.
+    result = suite.run(sources=("500x375",), workers=(1, 4), slots=(16,), quick=True, repeats=1, scale=0.25,
+                       tensorflow=False, data_dir=str(tmp_path))
     text = harness.format_result(result)
     assert "tf.data comparison not run (--no-tf)" in text
     names = [suite.BARE, suite.DECODE_PART, suite.RESIZE_PART,
              *[suite.parse_name(m) for m in suite.MODES],
-             *[suite.daemon_name(1, m) for m in suite.MODES]]
+             *[suite.parallel_name(4, m) for m in suite.MODES],
+             *[suite.daemon_name(1, m, n) for m in suite.MODES for n in (8, 16)]]
     assert {(f.group, f.name) for f in result.figures} == {("500x375", n) for n in names}
     assert all(f.records_per_s > 0 for f in result.figures)
     for m in suite.MODES:
-        daemon = result.figure("500x375", suite.daemon_name(1, m))
-        assert daemon.batches == STEADY_BATCHES_PER_WORKER and daemon.records == daemon.batches * suite.BATCH_SIZE
+        for n in (8, 16):
+            daemon = result.figure("500x375", suite.daemon_name(1, m, n))
+            assert daemon.batches == STEADY_BATCHES_PER_WORKER and daemon.records == daemon.batches * suite.BATCH_SIZE
+        assert result.figure("500x375", suite.parallel_name(4, m)).records == 9 * suite.BATCH_SIZE  # shares: the file
     reason = "W=4 needs 36 batches (4 to start, then 8 per worker), the file has 9"
     assert {(r.name, r.kind, r.reason) for r in result.refused} == {
-        *((suite.daemon_name(4, m), "figure", reason) for m in suite.MODES),
+        *((suite.daemon_name(4, m, n), "figure", reason) for m in suite.MODES for n in (8, 16)),
         *((f"{suite.daemon_name(4, m)} / {suite.daemon_name(1, m)}", "ratio", f"{suite.daemon_name(4, m)} is refused")
           for m in suite.MODES)}
     for r in result.refused:          # in the table in place of the numbers; never a ratio
@@ -45,12 +51,14 @@ def test_images_suite_gives_every_figure_ratio_and_note_and_refuses_a_w_its_phot
     assert suite.TARGETS[(suite.daemon_name(1, "random resized crop"), suite.tf_name("random resized crop", 1))] \
         == {"500x375": 1.0, "1024x768": 1.0}
     assert any("where a centre crop's time goes" in note for note in result.notes)
-    assert {s["name"] for s in result.stages} == {suite.daemon_name(1, m) for m in suite.MODES}
+    assert {s["name"] for s in result.stages} == {suite.daemon_name(1, m, n) for m in suite.MODES for n in (8, 16)}
     rates = {f.name: f.records_per_s for f in result.figures}
-    assert [(t["group"], t["name"]) for t in result.scaling] == [("500x375", m) for m in suite.MODES]
-    for table in result.scaling:
-        check_scaling(table, "500x375", table["name"], {w: suite.daemon_name(w, table["name"]) for w in (1, 4)}, rates,
-                      refused=(4,))
+    assert [(t["group"], t["name"]) for t in result.scaling] == [
+        ("500x375", m) if n == 8 else ("500x375", f"{m}, 16 slots") for m in suite.MODES for n in (8, 16)]
+    for table, (m, n) in zip(result.scaling, [(m, n) for m in suite.MODES for n in (8, 16)]):
+        check_scaling(table, "500x375", suite.scaling_label(m, n), {w: suite.daemon_name(w, m, n) for w in (1, 4)},
+                      rates, refused=(4,))
+        assert table["rows"][0]["bound_speedup"] == 1.0 and table["rows"][0]["of_bound"] == 1.0
     assert text.index("scaling with the workers") > text.index(suite.BARE)
     assert json.loads(json.dumps(result.to_json()))["scaling"] == result.scaling
     assert "images" in bench_main.SUITES
@@ -65,3 +73,16 @@ def test_the_photos_are_jpegs_of_the_size_asked_in_the_imagenet_layout(tmp_path)
                                             "image/class/label": infeed.FixedLen((), "int64")})
     assert batch["image"].shape == (3, 96, 128, 3) and batch["image/class/label"].tolist() == [0, 1, 2]
     assert len({batch["image"][i].tobytes() for i in range(3)}) == 3
+
+
+def test_the_command_line_names_the_photo_sizes_and_ring_sizes_and_refuses_an_unknown_size(monkeypatch, capsys):
+    asked = {}
+    monkeypatch.setattr(suite, "run", lambda sources, **kw: asked.update(sources=sources, **kw))
+    bench_main.SUITES["images"](bench_main.parse_args(["images", "--sources", "1024x768", "--slots", "32",
+                                                       "--workers", "1,8"]))
+    assert (asked["sources"], asked["slots"], asked["workers"]) == (["1024x768"], [32], [1, 8])
+    bench_main.SUITES["images"](bench_main.parse_args(["images"]))
+    assert (asked["sources"], asked["slots"]) == (tuple(suite.SOURCES), (suite.SLOTS,))
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["images", "--sources", "640x480"])
+    assert "unknown sources ['640x480']; known: 500x375, 1024x768" in capsys.readouterr().err

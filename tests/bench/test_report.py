@@ -1,6 +1,7 @@
 """The harness's noise flags, the results file, its Markdown report and plots, and ``python -m bench compare``."""
 
 import json
+import re
 import os
 
 import pytest
@@ -190,9 +191,12 @@ def test_a_scaling_table_has_a_row_per_w_its_efficiency_and_shares_a_refused_w_a
         r.figures.append(_figure(f"daemon W={w}", [seconds], group="mnist", suite="infeed"))
         r.stages.append({"group": "mnist", "name": f"daemon W={w}", "trainer_wait": 0.25, "worker_shares": shares,
                          "us_per_record": {"read": 1.0, "inflate": 0.0, "crc": 1.0, "decode": 5.0 * w},
-                         "bottleneck": "decode"})
+                         "bottleneck": "decode", "worker_decode_us_per_record": [5.0 * w] * (w - 1) + [7.5 * w]})
+    bound = {1: "parse (1 process)", 2: "parse (2 processes at once)", 4: "parse (4 processes at once)"}
+    for w, seconds in {1: 1.0, 2: 0.55, 4: 0.3}.items():       # what W processes parsing alone give
+        r.figures.append(_figure(bound[w], [seconds], group="mnist", suite="infeed"))
     r.refuse("mnist", ["daemon W=8"], "W=8 needs 72 batches (8 to start, then 8 per worker), the file has 27")
-    r.add_scaling("mnist", "idle consumer", {w: f"daemon W={w}" for w in (1, 2, 4, 8)})
+    r.add_scaling("mnist", "idle consumer", {w: f"daemon W={w}" for w in (1, 2, 4, 8)}, bound)
     r.add_scaling("mnist", "one W only", {1: "daemon W=1"})          # one W: no table
     [table] = r.scaling
     rows = {row["workers"]: row for row in table["rows"]}
@@ -202,13 +206,17 @@ def test_a_scaling_table_has_a_row_per_w_its_efficiency_and_shares_a_refused_w_a
     assert rows[8] == {"workers": 8, "oversubscribed": 8 > harness.cpus_allowed(), "refused": r.refused[0].reason}
     assert all(rows[w]["worker_shares"] == shares and rows[w]["consumer_wait"] == 0.25 for w in (1, 2, 4))
     assert [rows[w]["decode_us_per_record"] for w in (1, 2, 4)] == [5.0, 10.0, 20.0]     # each worker slower
+    assert "decode_slowest_over_fastest" not in rows[1] and rows[4]["decode_slowest_over_fastest"] == 1.5
+    assert [rows[w]["bound_speedup"] for w in (1, 2, 4)] == pytest.approx([1.0, 1 / 0.55, 1 / 0.3])
+    assert [rows[w]["of_bound"] for w in (1, 2, 4)] == pytest.approx([1.0, 0.55 / 0.6, 0.75])
     text = harness.format_result(r)
     assert "  refused: W=8 needs 72 batches" in text and "  62%  " in text and "  2.50x  " in text
+    assert re.search(r"W processes alone +of that\n", text) and re.search(r"  20\.0 +1\.50x +3\.33x +75%\n", text)
     md, pngs = report.write_report(_doc(tmp_path, r))
     assert json.loads((tmp_path / "run.json").read_text())["suites"]["infeed"]["scaling"] == r.scaling
     markdown = open(md).read()
     four, eight = (f"{w} (oversubscribed: {table['cpus']} CPUs)" if w > table["cpus"] else f"{w}" for w in (4, 8))
     assert (f"| mnist | idle consumer | {four} | 2,500 | 2.50x | 62 % | 10 % | 0 % | 10 % | 50 % | 20 % | 10 % | 25 % "
-            f"| 20.0 |" in markdown)
+            f"| 20.0 | 1.50x | 3.33x | 75 % |" in markdown)
     assert f"| mnist | idle consumer | {eight} | refused: W=8 needs 72 batches" in markdown
     assert pngs == [] or "infeed-scaling.png" in [os.path.basename(p) for p in pngs]
