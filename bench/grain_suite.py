@@ -374,7 +374,7 @@ def _measure_layout(grain, result: SuiteResult, ds: datasets.Dataset, b: int, re
     for case_name, seconds in ((LOADER, loader.steady), (MP_PREFETCH, mp.steady), (DAEMON, daemon.steady)):
         case = Case(case_name, loader.run, steady_records, steady_bytes)
         result.figures.append(dataclasses.replace(Measurement(case, seconds[WARMUP:]).figure(SUITE, name),
-                                                  batches=n_batches - 1))
+                                                  batches=n_batches - 1, steady=True))
     _measure_parts(grain, result, name, source, array_source, records, order, spec, b, repeats)
     for num, den in RATIOS:
         value = result.figure(name, num).records_per_s / result.figure(name, den).records_per_s

@@ -17,7 +17,11 @@ range of its repeats over their median, the whole range below
 :data:`QUARTILE_RUNS` repeats); one wider than the run's noise bound
 (:data:`NOISE_BOUND`, ``--noise-bound``), or measured once, is flagged
 ``NOISY`` / ``1 run`` wherever it is printed or saved, and so is a ratio of
-such a figure: a noisy machine shows as one.
+such a figure: a noisy machine shows as one. A daemon's steady state timed over
+runs under :data:`SHORT_SECONDS` each (their median) is flagged ``SHORT``: over
+a few milliseconds the workers' wake-ups and the scheduler decide too much of
+it (a fast layout at a large W on a many-core host; ``--scale`` gives it longer
+runs).
 
 A daemon's figure is its steady state, after the W batches of its start (one
 from each of W workers), over at least :data:`STEADY_BATCHES_PER_WORKER`
@@ -51,7 +55,8 @@ __all__ = [
     "Case", "Measurement", "Figure", "Timing", "Ratio", "SuiteResult", "interleave", "pinned_to_one_cpu",
     "settle_allocator", "machine_facts", "jax_devices", "format_result", "format_table", "format_timings",
     "format_ratios",
-    "write_json", "log", "NOISE_BOUND", "QUARTILE_RUNS", "noise_flag", "relative_spread", "Refusal", "Refused",
+    "write_json", "log", "NOISE_BOUND", "QUARTILE_RUNS", "SHORT_SECONDS", "noise_flag", "relative_spread", "Refusal",
+    "Refused",
     "STEADY_BATCHES_PER_WORKER", "daemon_batches", "steady_refusal", "cpus_allowed", "format_scaling",
     "scaling_rows",
 ]
@@ -121,10 +126,17 @@ def cpus_allowed() -> int:
 DISTRIBUTION_SAMPLES = 10
 
 
-def noise_flag(spread: float | None, runs: int, bound: float) -> str:
-    """``""`` for a figure within ``bound``; ``"NOISY"`` past it; ``"1 run"`` when no spread was measured."""
+#: A figure's runs (their median) shorter than this are too short to time: flagged ``SHORT``.
+SHORT_SECONDS = 0.05
+
+
+def noise_flag(spread: float | None, runs: int, bound: float, seconds: float | None = None) -> str:
+    """``""`` for a figure within ``bound``; ``"1 run"`` when no spread was measured; ``"SHORT"`` for runs
+    (``seconds``, their median) under :data:`SHORT_SECONDS`; ``"NOISY"`` past the bound."""
     if runs < 2:
         return "1 run"
+    if seconds is not None and seconds < SHORT_SECONDS:
+        return "SHORT"
     return "NOISY" if spread is not None and spread > bound else ""
 
 
@@ -179,6 +191,7 @@ class Figure:
     seconds_max: float
     batches: int | None = None      # batches per run, where the figure counts them
     runs: tuple[float, ...] = ()    # the seconds of each repeat, in the order they ran
+    steady: bool = False            # a daemon's steady state: flagged SHORT when its runs are too short to time
 
     @property
     def records_per_s(self) -> float:
@@ -204,7 +217,7 @@ class Figure:
 
     def noise(self, bound: float = NOISE_BOUND) -> str:
         """:func:`noise_flag` of this figure."""
-        return noise_flag(self.spread, self.repeats, bound)
+        return noise_flag(self.spread, self.repeats, bound, self.seconds_median if self.steady else None)
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -412,10 +425,11 @@ class SuiteResult:
         self.scaling.append({"group": group, "name": name, "cpus": cpus, "rows": rows})
 
     def ratio_noise(self, ratio: Ratio) -> str:
-        """``"NOISY"`` when a figure the ratio divides (``"A / B"``, in its group) is flagged, else ``""``."""
+        """``"SHORT"`` when a figure the ratio divides (``"A / B"``, in its group) is, else ``"NOISY"`` when one is
+        flagged at all, else ``""``."""
         names = ratio.name.split(" / ")
-        figures = [f for f in self.figures if f.group == ratio.group and f.name in names]
-        return "NOISY" if any(f.noise(self.noise_bound) for f in figures) else ""
+        flags = {f.noise(self.noise_bound) for f in self.figures if f.group == ratio.group and f.name in names}
+        return "SHORT" if "SHORT" in flags else "NOISY" if flags - {""} else ""
 
     def noisy(self) -> list[str]:
         """What is flagged: ``"group: name (flag, spread)"`` for each figure and timing past the bound."""
@@ -744,11 +758,14 @@ def format_result(result: SuiteResult) -> str:
                   format_ratios(result.ratios, result.ratio_noise, refused["ratio"])]
     flagged = result.noisy()
     noisy = [x for x in flagged if "(NOISY" in x]
-    once = len(flagged) - len(noisy)
+    short = [x for x in flagged if "(SHORT" in x]
+    once = len(flagged) - len(noisy) - len(short)
     if flagged:
         parts += ["", f"flagged, not to be quoted before a rerun on a quieter machine or with more --repeats: "
                       f"{len(flagged)} of {len(result.figures) + len(result.timings)} figures"
                   + (f"; {once} measured once (1 run)" if once else "")
+                  + (f"; {len(short)} timed over runs under {SHORT_SECONDS * 1e3:.0f} ms each (SHORT; a larger "
+                     f"--scale times them longer): " + "; ".join(short) if short else "")
                   + (f"; {len(noisy)} spread wider than {b:.0%} of their median (NOISY): " + "; ".join(noisy)
                      if noisy else "")]
     if result.notes:

@@ -401,7 +401,7 @@ def _measure_source(result: SuiteResult, tf, source: str, path: str, records: in
         steady_batches = n_batches - d.workers
         case = Case(d.name, d.run, steady_batches * BATCH_SIZE, nbytes * steady_batches // n_batches)
         result.figures.append(dataclasses.replace(Measurement(case, d.steady[WARMUP:]).figure(SUITE, source),
-                                                  batches=steady_batches))
+                                                  batches=steady_batches, steady=True))
         result.stages.append(stage_breakdown(source, d.name, d.median_stages()))
     for mode in MODES:
         bound = {1: parse_name(mode), **{w: parallel_name(w, mode) for w in several}}

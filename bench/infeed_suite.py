@@ -425,7 +425,8 @@ def steady_figure(c: DaemonCase, name: str, group: str, sizes: list[int], b: int
     """The figure of a case's steady state, batches W..N-1, in ``suite``'s results."""
     w = c.workers
     case = Case(name, c.run, (n_batches - w) * b, sum(sizes[w * b:n_batches * b]))
-    return dataclasses.replace(Measurement(case, c.steady[WARMUP:]).figure(suite, group), batches=n_batches - w)
+    return dataclasses.replace(Measurement(case, c.steady[WARMUP:]).figure(suite, group), batches=n_batches - w,
+                               steady=True)
 
 
 def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: list[int], slots: list[int],

@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from bench.harness import scaling_rows
+from bench.harness import SHORT_SECONDS, scaling_rows
 
 __all__ = ["write_report", "render", "load", "main"]
 
@@ -141,8 +141,10 @@ def render(doc: Mapping, plots: Mapping[str, tuple[str, str]], missing_plots: st
            "NEW.json` to compare two runs).", "",
            "Every figure is the median of its runs, after a warm-up, with cases interleaved (A B A B). A figure "
            "whose runs spread wider than the noise bound (their interquartile range over their median, the whole "
-           "range below 4 runs) is flagged **NOISY**, one measured once **1 run**, and so is a ratio of such a "
-           "figure: rerun those on a quieter machine or with more `--repeats` before quoting them.", "",
+           "range below 4 runs) is flagged **NOISY**, one measured once **1 run**, a daemon's steady state timed "
+           f"over runs under {SHORT_SECONDS * 1e3:.0f} ms each **SHORT** (a larger `--scale` times it longer), "
+           "and so is a ratio of such a figure: rerun those on a quieter machine or with more `--repeats` before "
+           "quoting them.", "",
            "## Machine", ""]
     out += _table(["fact", "value"], [[k, v] for k, v in doc.get("machine", {}).items()])
     headline = [r for s in suites.values() for r in s.get("ratios", []) if r.get("target") is not None]

@@ -1,8 +1,9 @@
 """The harness's noise flags, the results file, its Markdown report and plots, and ``python -m bench compare``."""
 
+import dataclasses
 import json
-import re
 import os
+import re
 
 import pytest
 
@@ -41,6 +42,22 @@ def test_a_figure_wider_than_the_bound_is_flagged_noisy_and_so_is_a_ratio_of_it(
     text = harness.format_result(r)
     assert "NOISY" in text and "g: slow (NOISY, spread 36%)" in text
     assert "fast / slow" in text and "(NOISY)" in text.split("fast / slow")[1].splitlines()[0]
+
+
+def test_a_steady_state_timed_over_runs_of_a_few_milliseconds_is_flagged_short_and_so_is_a_ratio_of_it():
+    short, long = _figure("quick", [0.004, 0.004, 0.0041]), _figure("long", [0.05, 0.05, 0.05])
+    assert short.noise(0.10) == ""                  # a transfer, a loop: one timed operation, however short
+    short, long = dataclasses.replace(short, steady=True), dataclasses.replace(long, steady=True)
+    assert short.noise(0.10) == "SHORT" and long.noise(0.10) == ""      # a daemon's steady state
+    assert dataclasses.replace(_figure("once", [0.004]), steady=True).noise(0.10) == "1 run"
+    r = SuiteResult("s")
+    r.figures += [short, long]
+    r.ratios.append(Ratio("s", "g", "quick / long", short.records_per_s / long.records_per_s))
+    assert r.ratio_noise(r.ratios[0]) == "SHORT"
+    text = harness.format_result(r)
+    assert ("flagged, not to be quoted before a rerun on a quieter machine or with more --repeats: 1 of 2 figures; 1 "
+            "timed over runs under 50 ms each (SHORT; a larger --scale times them longer): g: quick (SHORT)") in text
+    assert "(SHORT)" in text.split("quick / long")[1].splitlines()[0]
 
 
 def test_one_outlier_in_five_runs_does_not_flag_a_figure_but_a_wide_middle_does():
