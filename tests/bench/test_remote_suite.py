@@ -3,6 +3,7 @@ figure and ratio is in the table and the JSON with its stage breakdown, and no s
 run. (The figures of so small a run mean nothing: the suite's own runs give them.)"""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -22,8 +23,18 @@ def s3_server_can_run():
 
 
 def _processes(word: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in out if word in line and "ps -eo" not in line]
+    """The command lines holding ``word`` of this process's descendants (never another test process's)."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
+    rows = [line.split(None, 2) for line in out]
+    parent = {int(r[0]): int(r[1]) for r in rows}
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+    return sorted(r[2] for r in rows if len(r) == 3 and word in r[2] and "ps -eo" not in r[2] and ours(int(r[0])))
 
 
 def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_nothing_behind(tmp_path, capsys):
