@@ -19,6 +19,11 @@ interleaved (A B C A B C ...), nothing pinned:
   reason printed in place of its figures and ratios). The ring has 8 slots
   (rounded up to a multiple of W: one a worker from W=8 on); ``slots`` adds
   rows ``daemon W=w, S slots, <mode>`` of other ring sizes.
+- ``daemon W=2, worker 0 sharing its CPU, random resized crop``, where W=2 is
+  asked and two CPUs are allowed: worker 0 pinned to a CPU where another
+  process spins (:func:`busy_cpu`), worker 1 alone on a second one. Batches are
+  dealt to the workers in turn, so both go at the slower one's pace: what that
+  dealing costs where a worker's CPU is busy with other work or slower.
 - ``parse (W processes at once), <mode>``, for each W > 1: W processes, started
   before timing and sharing nothing, each parsing its share of the batches
   (every W-th, as a worker does) at the same time (:mod:`bench.parallel_parse`):
@@ -50,6 +55,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -65,7 +72,8 @@ from bench.parallel_parse import ParallelParse
 from infeed.example.image import _central_window
 
 __all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "SLOTS", "parse_name", "daemon_name",
-           "parallel_name", "scaling_label", "tf_name", "spec", "write_photos"]
+           "parallel_name", "scaling_label", "shared_cpu_name", "SHARED_MODE", "tf_name", "spec", "write_photos",
+           "busy_cpu"]
 
 SUITE = "images"
 SIZE = 224
@@ -96,6 +104,15 @@ def daemon_name(workers: int, mode: str, slots: int = SLOTS) -> str:
 
 def parallel_name(processes: int, mode: str) -> str:
     return f"parse ({processes} processes at once), {mode}"
+
+
+def shared_cpu_name(mode: str) -> str:
+    """The row of two workers, one of them on a CPU that a busy process shares."""
+    return f"daemon W=2, worker 0 sharing its CPU, {mode}"
+
+
+#: The crop mode of the shared-CPU row.
+SHARED_MODE = "random resized crop"
 
 
 def scaling_label(mode: str, slots: int = SLOTS) -> str:
@@ -212,6 +229,33 @@ def _parse_case(path: str, mode: str, records: int, nbytes: int) -> Case:
                 done += len(batch)
         return done
     return Case(parse_name(mode), run, records, nbytes)
+
+
+@contextlib.contextmanager
+def busy_cpu(cpu: int):
+    """A process spinning on ``cpu`` (pinned to it) while the block runs: a CPU half taken by other work."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _shared_cpu_case(dataset: infeed.Dataset, cpus: Sequence[int]) -> DaemonCase:
+    """Two workers, worker 0 pinned to ``cpus[0]`` beside a busy process, worker 1 alone on ``cpus[1]``."""
+    def pin(daemon) -> None:
+        for pid, cpu in zip(daemon.worker_pids, cpus):
+            os.sched_setaffinity(pid, {cpu})
+
+    case = DaemonCase(shared_cpu_name(SHARED_MODE), dataset, 2, started=pin)
+    run = case.run
+
+    def shared() -> int:
+        with busy_cpu(cpus[0]):
+            return run()
+    case.run = shared
+    return case
 
 
 def _tf_pipeline(tf, path: str, mode: str, threads: int, decode_first: bool = False):
@@ -379,6 +423,12 @@ def _measure_source(result: SuiteResult, tf, source: str, path: str, records: in
             dataset = infeed.Dataset(path, spec(mode), batch_size=BATCH_SIZE, num_epochs=1)
             daemons += [DaemonCase(daemon_name(w, mode, n), dataset, w, slots=n)
                         for n in slots for w in workers if w not in refused]
+            cpus = sorted(os.sched_getaffinity(0))
+            if mode == SHARED_MODE and 2 in workers and len(cpus) >= 2:
+                if 2 in refused:
+                    result.refuse(source, [shared_cpu_name(mode)], refused[2])
+                else:
+                    daemons.append(_shared_cpu_case(dataset, cpus[:2]))
         cases += [d.case(records, nbytes) for d in daemons]
         if tf is not None:
             pipeline, antialiased = _check_agreement(tf, path)
@@ -418,6 +468,14 @@ def _add_ratios(result: SuiteResult, source: str, with_tf: bool, workers: Sequen
         pairs += [(daemon_name(w, mode), tf_name(mode, w)) for mode in MODES for w in workers]
         pairs.append((daemon_name(1, "centre crop"), TF_FULL))
     pairs += [(daemon_name(w, mode), daemon_name(1, mode)) for mode in MODES for w in workers if w > 1]
+    shared = shared_cpu_name(SHARED_MODE)
+    if any(x.name == shared for x in [*result.figures, *result.refused]):
+        pairs += [(shared, daemon_name(2, SHARED_MODE)), (shared, daemon_name(1, SHARED_MODE))]
+        result.notes.append(
+            f"{source}: '{shared}': worker 0 is pinned to a CPU where another process spins, worker 1 alone to a "
+            f"second CPU. Batches are dealt in turn, so both go at worker 0's pace: about W=1's rate (its ratio to "
+            f"'{daemon_name(1, SHARED_MODE)}' near 1.0x), where dealing each batch to whichever worker is free "
+            f"would give about 1.5x")
     for num, den in pairs:
         result.add_ratio(source, f"{num} / {den}", lambda: result.rate(source, num) / result.rate(source, den),
                          TARGETS.get((num, den), {}).get(source))

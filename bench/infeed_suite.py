@@ -83,7 +83,7 @@ import dataclasses
 import itertools
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -254,8 +254,9 @@ class DaemonCase:
     """
 
     def __init__(self, name: str, dataset: infeed.Dataset, workers: int, work: Work | None = None,
-                 slots: int = SLOTS):
+                 slots: int = SLOTS, started: Callable[[infeed.Daemon], None] | None = None):
         self.name, self.dataset, self.workers, self.work, self.slots = name, dataset, workers, work, slots
+        self.started = started             # called with the daemon as soon as it is made (its workers started)
         self.steady: list[float] = []
         self.after_made: list[float] = []
         self.first: list[float] = []
@@ -268,6 +269,8 @@ class DaemonCase:
         work = self.work
         called = time.perf_counter()
         with infeed.Daemon(self.dataset, num_workers=self.workers, slots=self.slots, lock_memory=False) as feed:
+            if self.started is not None:
+                self.started(feed)
             made = time.perf_counter()
             self.spin = getattr(feed, "spin", None)
             for k in range(self.workers):

@@ -2,7 +2,9 @@
 daemon figure from at least STEADY_BATCHES_PER_WORKER batches per worker or refused with the reason."""
 
 import json
+import os
 import re
+import time
 
 import pytest
 
@@ -86,3 +88,31 @@ def test_the_command_line_names_the_photo_sizes_and_ring_sizes_and_refuses_an_un
     with pytest.raises(SystemExit):
         bench_main.parse_args(["images", "--sources", "640x480"])
     assert "unknown sources ['640x480']; known: 500x375, 1024x768" in capsys.readouterr().err
+
+
+def test_the_shared_cpu_row_pins_worker_0_beside_a_busy_process_and_worker_1_alone(tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    path = str(tmp_path / "photos.tfrecord")
+    suite.write_photos(path, 64, 96, 64)
+    case = suite._shared_cpu_case(infeed.Dataset(path, suite.spec(suite.SHARED_MODE), batch_size=16, num_epochs=1),
+                                  cpus[:2])
+    seen, pin = {}, case.started
+
+    def pinned(daemon):
+        pin(daemon)
+        seen["workers"] = [os.sched_getaffinity(pid) for pid in daemon.worker_pids]
+    case.started = pinned
+    assert case.run() == 64 and len(case.steady) == 1
+    assert seen["workers"] == [{cpus[0]}, {cpus[1]}]
+    assert case.name == suite.shared_cpu_name("random resized crop") == \
+        "daemon W=2, worker 0 sharing its CPU, random resized crop"
+
+
+def test_a_busy_cpu_spins_pinned_while_the_block_runs_and_is_gone_after():
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    with suite.busy_cpu(cpu) as proc:
+        time.sleep(0.5)
+        assert proc.poll() is None and os.sched_getaffinity(proc.pid) == {cpu}
+    assert proc.poll() is not None
