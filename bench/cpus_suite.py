@@ -100,7 +100,7 @@ def run(*, quick: bool = False, repeats: int | None = None, data_dir=None, seed:
         if data_dir is None:
             data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="infeed-bench-cpus-"))
         os.makedirs(data_dir, exist_ok=True)
-        path, _ = images_suite._ensure_photos(data_dir, "500x375", PHOTOS, seed)
+        path, _ = images_suite.ensure_photos(data_dir, "500x375", PHOTOS, seed)
         nbytes = os.path.getsize(path) * rounds
         log(f"cpus: starting a decoder on each of {len(cpus)} CPUs ...")
         decoders = []
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     cpu, path, rounds = argv or sys.argv[1:]
     os.sched_setaffinity(0, {int(cpu)})
     with infeed.read_records(path) as reader:
-        images = images_suite._images_of(list(reader))
+        images = images_suite.images_of(list(reader))
     print("ready", flush=True)
     for _ in sys.stdin:
         began = time.perf_counter()

@@ -73,7 +73,7 @@ from infeed.example.image import _central_window
 
 __all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "SLOTS", "parse_name", "daemon_name",
            "parallel_name", "scaling_label", "shared_cpu_name", "SHARED_MODE", "tf_name", "spec", "write_photos",
-           "busy_cpu"]
+           "ensure_photos", "images_of", "busy_cpu"]
 
 SUITE = "images"
 SIZE = 224
@@ -176,7 +176,9 @@ def write_photos(path: str, height: int, width: int, records: int, seed: int = 0
                                            "image/height": height, "image/width": width}))
 
 
-def _ensure_photos(data_dir: str, source: str, records: int, seed: int) -> tuple[str, float | None]:
+def ensure_photos(data_dir: str, source: str, records: int, seed: int) -> tuple[str, float | None]:
+    """The file of ``records`` photos of ``source`` in ``data_dir``, written unless it is there: its path, and the
+    seconds writing it took (None where it was reused)."""
     height, width = SOURCES[source][:2]
     path = os.path.join(data_dir, f"photos-{source}-{records}-seed{seed}-v{FORMAT_VERSION}.tfrecord")
     if os.path.exists(path):
@@ -201,7 +203,7 @@ def spec(mode: str) -> dict:
             "image/class/label": infeed.FixedLen((), "int64")}
 
 
-def _images_of(records: list) -> list[bytes]:
+def images_of(records: list) -> list[bytes]:
     """The ``image/encoded`` bytes of each record."""
     out = infeed.ExampleParser({"image/encoded": infeed.Bytes(max_bytes=16 << 20)}).parse(records)["image/encoded"]
     return [bytes(v[:n]) for v, n in zip(out.values, out.lengths)]
@@ -314,7 +316,7 @@ def _check_agreement(tf, path: str) -> tuple[float, float]:
     theirs, _ = next(iter(_tf_pipeline(tf, path, "centre crop", 1)))
     pipeline = float(np.abs(ours - np.clip(np.floor(theirs.numpy() + 0.5), 0, 255)).mean())
     reference = []
-    for data in _images_of(records):
+    for data in images_of(records):
         image = tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_FAST").numpy()
         y, x, h, w = _central_window(image.shape[0], image.shape[1], 1.0, 0.875)
         reference.append(tf.image.resize(image[None, y:y + h, x:x + w], (SIZE, SIZE), antialias=True)[0].numpy())
@@ -383,7 +385,7 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
             base = max(small if quick else full, daemon_batches(max(workers)) * BATCH_SIZE)
             records = max(3 * BATCH_SIZE, round(base * scale)) // BATCH_SIZE * BATCH_SIZE
             log(f"images: writing {records} {source} photos to {data_dir} ...")
-            path, took = _ensure_photos(data_dir, source, records, seed)
+            path, took = ensure_photos(data_dir, source, records, seed)
             _measure_source(result, tf, source, path, records, workers, slots, repeats)
             how = "reused" if took is None else f"written in {took:.1f} s"
             result.notes.append(f"data: {source}: {records} photos, {os.path.getsize(path) / 1e6:.1f} MB "
@@ -406,7 +408,7 @@ def _measure_source(result: SuiteResult, tf, source: str, path: str, records: in
                     slots: Sequence[int], repeats: int) -> None:
     nbytes = os.path.getsize(path)
     with infeed.read_records(path) as reader:
-        images = _images_of(list(reader))
+        images = images_of(list(reader))
     n_batches = records // BATCH_SIZE
     refused = {w: why for w in workers if (why := steady_refusal(w, n_batches))}
     for w, why in refused.items():

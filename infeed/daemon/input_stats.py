@@ -256,8 +256,8 @@ class InputStats:
         return (f"; the workers are unequal: the slowest takes {ratio:.1f}x the fastest's time a record "
                 f"{WORKER_STAGES[stage].split(' (')[0]}, and batches are dealt in turn, so all go at its pace and "
                 f"the others wait {100 * idle:.0f} % of theirs for a slot: their CPUs differ in speed or are "
-                f"busy with other work (python -m bench cpus times each CPU alone and with the others busy); "
-                f"keep other processes off the workers' CPUs")
+                f"busy with other work (each worker's us_per_record: to_json(), infeed stats --json); keep other "
+                f"processes off the workers' CPUs")
 
     def table(self) -> str:
         """A text table: the consumer's stages, then each worker's share of wall time per stage and rates."""

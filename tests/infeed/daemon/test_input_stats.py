@@ -156,8 +156,8 @@ def test_workers_of_unequal_speed_are_named_where_the_others_wait_for_them():
     assert said.endswith(
         "; the workers are unequal: the slowest takes 1.6x the fastest's time a record decoding into the slot, and "
         "batches are dealt in turn, so all go at its pace and the others wait 27 % of theirs for a slot: their CPUs "
-        "differ in speed or are busy with other work (python -m bench cpus times each CPU alone and with the others "
-        "busy); keep other processes off the workers' CPUs")
+        "differ in speed or are busy with other work (each worker's us_per_record: to_json(), infeed stats --json); "
+        "keep other processes off the workers' CPUs")
     assert "unequal" not in stats([*fast, worker(index=7, decode=6.0, wait=2.0)], wait=4.0, cpus=16).bottleneck()
     barely_waiting = [worker(index=k, decode=8.0, wait=0.5) for k in range(7)] + [worker(index=7, decode=5.0)]
     assert "unequal" not in stats(barely_waiting, wait=4.0, cpus=16).bottleneck()
