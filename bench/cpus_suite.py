@@ -2,7 +2,7 @@
 
 The bound under ``bench images``' scaling, CPU by CPU. One process is pinned to
 each allowed CPU (``os.sched_setaffinity``), started before timing; each decodes
-the same photos (the images suite's 500x375 JPEGs, ``simplejpeg.decode_jpeg``
+the same photos (:mod:`bench.photos`' 500x375 JPEGs, the images suite's, ``simplejpeg.decode_jpeg``
 with ``fastdct``, full size) when told to and reports its seconds. Interleaved,
 per round:
 
@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import photos
 from bench.harness import Case, Measurement, Ratio, SuiteResult, cpus_allowed, log
 
 __all__ = ["run", "alone_name", "at_once_group", "PHOTOS"]
@@ -85,8 +86,6 @@ def _case(cpu: int, images: int, nbytes: int) -> Case:
 
 def run(*, quick: bool = False, repeats: int | None = None, data_dir=None, seed: int = 0) -> SuiteResult:
     """Times every allowed CPU alone and the CPUs at once; see the module's description."""
-    from bench import images_suite
-
     repeats = repeats if repeats is not None else (3 if quick else 7)
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -100,7 +99,7 @@ def run(*, quick: bool = False, repeats: int | None = None, data_dir=None, seed:
         if data_dir is None:
             data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="infeed-bench-cpus-"))
         os.makedirs(data_dir, exist_ok=True)
-        path, _ = images_suite.ensure_photos(data_dir, "500x375", PHOTOS, seed)
+        path, _ = photos.ensure_photos(data_dir, "500x375", PHOTOS, seed)
         nbytes = os.path.getsize(path) * rounds
         log(f"cpus: starting a decoder on each of {len(cpus)} CPUs ...")
         decoders = []
@@ -152,12 +151,11 @@ def main(argv=None) -> int:
     import simplejpeg
 
     import infeed
-    from bench import images_suite
 
     cpu, path, rounds = argv or sys.argv[1:]
     os.sched_setaffinity(0, {int(cpu)})
     with infeed.read_records(path) as reader:
-        images = images_suite.images_of(list(reader))
+        images = photos.images_of(list(reader))
     print("ready", flush=True)
     for _ in sys.stdin:
         began = time.perf_counter()

@@ -58,17 +58,17 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
 import infeed
 from bench import decode
-from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, Refused, SuiteResult, daemon_batches,
+from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Refused, SuiteResult, daemon_batches,
                            interleave, log, settle_allocator, stage_breakdown, steady_refusal)
-from bench.infeed_suite import WARMUP, DaemonCase
+from bench.infeed_suite import WARMUP, DaemonCase, steady_figure
 from bench.parallel_parse import ParallelParse
+from bench.photos import MODES, SIZE, SOURCES, ensure_photos, images_of, spec, write_photos
 from infeed.example.image import _central_window
 
 __all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "SLOTS", "parse_name", "daemon_name",
@@ -76,21 +76,13 @@ __all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "
            "ensure_photos", "images_of", "busy_cpu"]
 
 SUITE = "images"
-SIZE = 224
 BATCH_SIZE = 16
 #: The daemon rows' ring size unless ``slots`` asks for others too (rounded up to a multiple of W by the Daemon).
 SLOTS = 8
-#: Source name -> (height, width, records, quick records); at least daemon_batches(the largest W) batches are
-#: written, for the daemons' steady state, then --scale applies.
-SOURCES = {"500x375": (375, 500, 512, 128), "1024x768": (768, 1024, 256, 128)}
-#: Row name of a crop mode -> infeed.Image's resize.
-MODES = {"centre crop": "center_crop", "random resized crop": "random_resized_crop"}
 BARE = "bare decoder"
 DECODE_PART = "centre crop's part: JPEG decode at its DCT scale"
 RESIZE_PART = "centre crop's part: resize kernel (crop, resize, cast)"
 TF_FULL = "tf.data decode_jpeg + resize, centre crop, 1 thread"
-#: The data files' layout version: bump it when the photos change, so that a --data-dir is not reused.
-FORMAT_VERSION = 1
 
 
 def parse_name(mode: str) -> str:
@@ -138,75 +130,7 @@ TARGETS = {
 
 
 # ---------------------------------------------------------------------------
-# The photos
-
-
-def _tile(photos: list, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
-    """A crop of a random photo, mirrored at random and tinted, at its native resolution."""
-    photo = photos[int(rng.integers(len(photos)))]
-    y = int(rng.integers(0, photo.shape[0] - height + 1))
-    x = int(rng.integers(0, photo.shape[1] - width + 1))
-    tile = photo[y:y + height, x:x + width].astype(np.float32)
-    if rng.random() < 0.5:
-        tile = tile[:, ::-1]
-    return np.clip(tile * rng.uniform(0.8, 1.2, 3) + rng.uniform(-20, 20, 3), 0, 255).astype(np.uint8)
-
-
-def photo(photos: list, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
-    """A ``height x width`` photo: one crop when the photos are large enough, else a mosaic of four."""
-    if all(p.shape[0] >= height and p.shape[1] >= width for p in photos):
-        return _tile(photos, height, width, rng)
-    top, left = height // 2, width // 2
-    rows = [np.concatenate([_tile(photos, h, w, rng) for w in (left, width - left)], axis=1)
-            for h in (top, height - top)]
-    return np.ascontiguousarray(np.concatenate(rows, axis=0))
-
-
-def write_photos(path: str, height: int, width: int, records: int, seed: int = 0) -> None:
-    """``records`` ImageNet-layout Examples (``image/encoded`` JPEG, ``image/class/label``) to ``path``."""
-    import simplejpeg
-    from sklearn.datasets import load_sample_images
-
-    photos = [np.asarray(p) for p in load_sample_images().images]
-    rng = np.random.default_rng([seed, height, width])
-    with infeed.TFRecordWriter(path) as w:
-        for i in range(records):
-            data = simplejpeg.encode_jpeg(photo(photos, height, width, rng), quality=90, colorsubsampling="420")
-            w.write(infeed.encode_example({"image/encoded": data, "image/class/label": i % 1000,
-                                           "image/height": height, "image/width": width}))
-
-
-def ensure_photos(data_dir: str, source: str, records: int, seed: int) -> tuple[str, float | None]:
-    """The file of ``records`` photos of ``source`` in ``data_dir``, written unless it is there: its path, and the
-    seconds writing it took (None where it was reused)."""
-    height, width = SOURCES[source][:2]
-    path = os.path.join(data_dir, f"photos-{source}-{records}-seed{seed}-v{FORMAT_VERSION}.tfrecord")
-    if os.path.exists(path):
-        return path, None
-    began, tmp = time.perf_counter(), f"{path}.partial{os.getpid()}"
-    try:
-        write_photos(tmp, height, width, records, seed)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path, time.perf_counter() - began
-
-
-# ---------------------------------------------------------------------------
 # Cases
-
-
-def spec(mode: str) -> dict:
-    """The spec that decodes a photo to 224x224 with crop ``mode`` (a key of :data:`MODES`), and its label."""
-    return {"image": infeed.Image(size=(SIZE, SIZE), resize=MODES[mode]),
-            "image/class/label": infeed.FixedLen((), "int64")}
-
-
-def images_of(records: list) -> list[bytes]:
-    """The ``image/encoded`` bytes of each record."""
-    out = infeed.ExampleParser({"image/encoded": infeed.Bytes(max_bytes=16 << 20)}).parse(records)["image/encoded"]
-    return [bytes(v[:n]) for v, n in zip(out.values, out.lengths)]
 
 
 def _bare_case(images: list[bytes], nbytes: int) -> Case:
@@ -408,7 +332,9 @@ def _measure_source(result: SuiteResult, tf, source: str, path: str, records: in
                     slots: Sequence[int], repeats: int) -> None:
     nbytes = os.path.getsize(path)
     with infeed.read_records(path) as reader:
-        images = images_of(list(reader))
+        framed = list(reader)
+    images, sizes = images_of(framed), [len(r) + 16 for r in framed]       # each record's bytes, framing included
+    del framed
     n_batches = records // BATCH_SIZE
     refused = {w: why for w in workers if (why := steady_refusal(w, n_batches))}
     for w, why in refused.items():
@@ -450,10 +376,7 @@ def _measure_source(result: SuiteResult, tf, source: str, path: str, records: in
         if d is None:
             result.figures.append(dataclasses.replace(m.figure(SUITE, source), batches=n_batches))
             continue
-        steady_batches = n_batches - d.workers
-        case = Case(d.name, d.run, steady_batches * BATCH_SIZE, nbytes * steady_batches // n_batches)
-        result.figures.append(dataclasses.replace(Measurement(case, d.steady[WARMUP:]).figure(SUITE, source),
-                                                  batches=steady_batches, steady=True))
+        result.figures.append(steady_figure(d, d.name, source, sizes, BATCH_SIZE, n_batches, SUITE))
         result.stages.append(stage_breakdown(source, d.name, d.median_stages()))
     for mode in MODES:
         bound = {1: parse_name(mode), **{w: parallel_name(w, mode) for w in several}}

@@ -10,7 +10,7 @@ cores, memory bandwidth and clocks show here first). The processes are started o
 wait on their standard input (``go`` lines), so a run times the parsing alone.
 
 Run as ``python -m bench.parallel_parse FILE SPEC BATCH_SIZE SHARE`` by :class:`ParallelParse`; SPEC is a
-:data:`bench.datasets.LAYOUTS` name or ``images:<crop mode>`` (:func:`bench.images_suite.spec`), SHARE
+:data:`bench.datasets.LAYOUTS` name or ``images:<crop mode>`` (:func:`bench.photos.spec`), SHARE
 ``whole`` or ``<k>/<W>``.
 """
 
@@ -73,10 +73,10 @@ class ParallelParse:
 
 def spec_of(name: str) -> dict:
     """The infeed spec named ``name``: a :data:`bench.datasets.LAYOUTS` layout's, or ``images:<crop mode>``
-    for :func:`bench.images_suite.spec` of that mode."""
+    for :func:`bench.photos.spec` of that mode."""
     if name.startswith("images:"):
-        from bench import images_suite
-        return images_suite.spec(name.removeprefix("images:"))
+        from bench import photos
+        return photos.spec(name.removeprefix("images:"))
     from bench import datasets
     return datasets.LAYOUTS[name].spec()
 
