@@ -57,7 +57,8 @@ __all__ = [
     "format_ratios",
     "write_json", "log", "NOISE_BOUND", "QUARTILE_RUNS", "SHORT_SECONDS", "noise_flag", "relative_spread", "Refusal",
     "Refused",
-    "STEADY_BATCHES_PER_WORKER", "daemon_batches", "steady_refusal", "cpus_allowed", "format_scaling",
+    "STEADY_BATCHES_PER_WORKER", "daemon_batches", "steady_refusal", "cpus_allowed", "format_scaling", "OVER_W",
+    "OVER_W_NOTE",
     "scaling_rows",
 ]
 
@@ -125,6 +126,13 @@ def cpus_allowed() -> int:
 #: the median of so many samples is not flagged.
 DISTRIBUTION_SAMPLES = 10
 
+
+#: A speed-up over W=1 above W times this is flagged ``(> W)`` in a scaling table: no W CPUs give it, so the
+#: one-worker (or one-process) figure it divides ran slow, and the row is not to be quoted.
+OVER_W = 1.02
+#: The note under a scaling table that has such a row.
+OVER_W_NOTE = ("(> W): above W times one, which W CPUs cannot give: the W=1 (or one-process) figure it divides "
+               "ran slow; not to be quoted before a rerun")
 
 #: A figure's runs (their median) shorter than this are too short to time: flagged ``SHORT``.
 SHORT_SECONDS = 0.05
@@ -421,6 +429,9 @@ class SuiteResult:
             if bound and w in bound and 1 in bound:
                 machine = self.rate(group, bound[w]) / self.rate(group, bound[1])
                 row.update(bound_speedup=machine, of_bound=None if speedup is None else speedup / machine)
+            over = [k for k in ("speedup", "bound_speedup") if (row.get(k) or 0) > w * OVER_W]
+            if over:                # W CPUs cannot give more than W times one: its one-worker figure ran slow
+                row["over_w"] = over
             rows.append(row)
         self.scaling.append({"group": group, "name": name, "cpus": cpus, "rows": rows})
 
@@ -678,7 +689,8 @@ def format_scaling(tables: Sequence[dict], group_label: str = "group") -> str:
     W=1, efficiency and the stage shares per W, and where measured what W processes parsing alone gain and the
     daemon's share of that; a refused W gives the reason; an oversubscribed W says so."""
     head, rows = scaling_rows(tables, group_label, percent="{:.0%}".format)
-    return _columns(head, rows, {0, 1, 2})
+    over = any("over_w" in r for t in tables for r in t["rows"])
+    return _columns(head, rows, {0, 1, 2}) + (f"\n{OVER_W_NOTE}" if over else "")
 
 
 def scaling_rows(tables: Sequence[dict], group_label: str, *, percent: Callable[[float], str]) -> tuple[list, list]:
@@ -697,15 +709,20 @@ def scaling_rows(tables: Sequence[dict], group_label: str, *, percent: Callable[
                 rows.append([t["group"], t["name"], w, f"refused: {r['refused']}"])       # short: the reason
                 continue
             rows.append([t["group"], t["name"], w, _rate(r["records_per_s"]),
-                         "" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+                         "" if r["speedup"] is None else f"{r['speedup']:.2f}x" + _over_w(r, "speedup"),
                          "" if r["efficiency"] is None else percent(r["efficiency"]),
                          *(percent(r["worker_shares"][s]) for s in stages),
                          percent(r["consumer_wait"]), _amount(r["decode_us_per_record"]),
                          f"{r['decode_slowest_over_fastest']:.2f}x" if "decode_slowest_over_fastest" in r else ""])
             if bounded:
-                rows[-1] += ["" if "bound_speedup" not in r else f"{r['bound_speedup']:.2f}x",
+                rows[-1] += ["" if "bound_speedup" not in r
+                             else f"{r['bound_speedup']:.2f}x" + _over_w(r, "bound_speedup"),
                              "" if r.get("of_bound") is None else percent(r["of_bound"])]
     return head, rows
+
+
+def _over_w(row: Mapping, key: str) -> str:
+    return " (> W)" if key in row.get("over_w", ()) else ""
 
 
 def _amount(x: float) -> str:

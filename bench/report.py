@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from bench.harness import SHORT_SECONDS, scaling_rows
+from bench.harness import OVER_W_NOTE, SHORT_SECONDS, scaling_rows
 
 __all__ = ["write_report", "render", "load", "main"]
 
@@ -89,7 +89,8 @@ def _scaling(suite: Mapping) -> list[str]:
     head, rows = scaling_rows(suite["scaling"], suite.get("group_label", "group"),
                               percent=lambda x: f"{100 * x:.0f} %")
     head = [h.replace("us/record", "µs/record").replace("consumer wait", "consumer waiting") for h in head]
-    return _table(head, [r + [""] * (len(head) - len(r)) for r in rows])
+    note = ["", OVER_W_NOTE] if any("over_w" in r for t in suite["scaling"] for r in t["rows"]) else []
+    return _table(head, [r + [""] * (len(head) - len(r)) for r in rows]) + note
 
 
 def _timings(suite: Mapping) -> list[str]:

@@ -237,3 +237,21 @@ def test_a_scaling_table_has_a_row_per_w_its_efficiency_and_shares_a_refused_w_a
             f"| 20.0 | 1.50x | 3.33x | 75 % |" in markdown)
     assert f"| mnist | idle consumer | {eight} | refused: W=8 needs 72 batches" in markdown
     assert pngs == [] or "infeed-scaling.png" in [os.path.basename(p) for p in pngs]
+
+
+def test_a_speed_up_above_w_is_flagged_as_what_w_cpus_cannot_give(tmp_path):
+    """W=2 at 2.34x one worker (the W=1 run was slow) is no figure to quote: the row says so, and the table why."""
+    r = SuiteResult("images", group_label="source", name_label="pipeline")
+    shares = {"read": 0.0, "inflate": 0.0, "crc": 0.0, "decode": 1.0, "wait_for_slot": 0.0, "other": 0.0}
+    for w, seconds in {1: 2.34, 2: 1.0, 4: 0.6}.items():
+        r.figures.append(_figure(f"daemon W={w}", [seconds] * 3, group="500x375", suite="images"))
+        r.stages.append({"group": "500x375", "name": f"daemon W={w}", "trainer_wait": 1.0, "worker_shares": shares,
+                         "us_per_record": {"read": 0.0, "inflate": 0.0, "crc": 0.0, "decode": 1000.0},
+                         "bottleneck": "decode"})
+    r.add_scaling("500x375", "centre crop", {w: f"daemon W={w}" for w in (1, 2, 4)})
+    rows = {row["workers"]: row for row in r.scaling[0]["rows"]}
+    assert rows[2]["over_w"] == ["speedup"] and "over_w" not in rows[1] and "over_w" not in rows[4]   # 3.9x at W=4
+    text = harness.format_scaling(r.scaling)
+    assert "  2.34x (> W)  " in text and text.endswith(harness.OVER_W_NOTE) and "3.90x (> W)" not in text
+    md, _ = report.write_report(_doc(tmp_path, r))
+    assert "| 2.34x (> W) |" in open(md).read() and harness.OVER_W_NOTE in open(md).read()
