@@ -1,6 +1,9 @@
 """Transforms for tests: module-level functions the daemon's workers import by name (``tests/`` is on
 ``sys.path`` through its conftest.py, and the workers get the daemon's ``sys.path``)."""
 
+import os
+import time
+
 import numpy as np
 
 import infeed
@@ -31,6 +34,24 @@ SUMMED_OUTPUTS = {"id": ((), "int64"), "length": ((), "int32")}
 
 def summed(batch):
     return {"id": batch["id"], "length": batch["tokens"].lengths + batch["id"] % 2}
+
+
+#: The environment variable naming the file whose creation makes a worker the slow one (:func:`slow_in_one_worker`).
+SLOW_MARKER = "INFEED_TEST_SLOW_MARKER"
+_slow: list = []
+
+
+def slow_in_one_worker(batch):
+    """:func:`summed`'s outputs; in the one worker that creates ``$INFEED_TEST_SLOW_MARKER`` first, 50 ms late."""
+    if not _slow:
+        try:
+            os.close(os.open(os.environ[SLOW_MARKER], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            _slow.append(True)
+        except FileExistsError:
+            _slow.append(False)
+    if _slow[0]:
+        time.sleep(0.05)
+    return summed(batch)
 
 
 def wrong_shape(example):

@@ -23,6 +23,7 @@ from infeed.daemon.feed import Feed, start_of
 from infeed.errors import InfeedError, WorkerDied
 from infeed.ring import Ring
 from infeed.ring.orphans import collect as collect_orphans
+from infeed.ring.ring import CLAIMING
 from infeed.ring.slots import REPORTED_ERROR
 from infeed.tfrecord.filesystems import registered_filesystems
 
@@ -52,7 +53,7 @@ def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, 
             proc = subprocess.Popen([sys.executable, "-m", "infeed.daemon.worker"], stdin=subprocess.PIPE, env=env,
                                     close_fds=True)
             procs.append(proc)
-            config = {"ring": ring.name, "worker": k, "workers": workers, "start": list(start),
+            config = {"ring": ring.name, "worker": k, "start": list(start),
                       "dataset": dataset.to_json(), "sys_path": sys.path, "filesystems": registered_filesystems()}
             proc.stdin.write(json.dumps(config).encode())
             proc.stdin.close()
@@ -87,11 +88,12 @@ def stop_workers(ring: Ring, procs: list, grace: float = STOP_GRACE) -> None:
 class Daemon(Feed):
     """``num_workers`` processes decoding ``dataset`` into a ring of ``slots`` slots, and the feed over it.
 
-    ``slots`` is rounded up to a multiple of ``num_workers`` (each slot has one
-    producer). ``state``: from :meth:`state`, to resume at the next batch.
-    ``timeout``: seconds any one batch may take (None: no limit; a dead worker
-    is still detected within a second). The workers, the ring and its
-    segment are gone after :meth:`close` or the ``with`` block, whatever happens.
+    ``slots`` is raised to ``num_workers`` where it is fewer (a slot for each
+    worker to fill; each batch goes to whichever worker is free). ``state``:
+    from :meth:`state`, to resume at the next batch. ``timeout``: seconds any
+    one batch may take (None: no limit; a dead worker is still detected within
+    a second). The workers, the ring and its segment are gone after
+    :meth:`close` or the ``with`` block, whatever happens.
     """
 
     def __init__(self, dataset: Dataset, num_workers: int = 2, slots: int = 8, *, state: dict | None = None,
@@ -103,7 +105,7 @@ class Daemon(Feed):
         start = start_of(dataset, state)
         if dataset.shuffle == "global":
             dataset.indexes()                   # every file has a usable index, or a clear error now
-        slots = -(-slots // num_workers) * num_workers
+        slots = max(slots, num_workers)
         removed = collect_orphans()             # rings of this user's processes killed before they could
         if removed:
             _log.warning("infeed: removed %d shared-memory ring(s) left by processes that are gone (%.1f MB): %s",
@@ -131,24 +133,37 @@ class Daemon(Feed):
     def _check_workers(self, seq: int) -> None:
         """Raises when the worker that owes batch ``seq`` ended without it.
 
-        So a worker's death surfaces exactly at the first batch it did not deliver,
-        whichever worker died and however (the batches it delivered before are good):
-        :class:`~infeed.WorkerDied` with the signal or exit status for a process
-        killed or crashed, the worker's own exception (with its traceback) for one
-        that failed and said why.
+        Units are dealt to whichever worker is free (``Ring.take_unit``): the worker that owes ``seq`` is the
+        one whose claim it is, or one that died while taking a unit; where every worker has ended, the first
+        that did not end cleanly (or any) owes it. So a worker's death surfaces at the first batch it did not
+        deliver (the batches delivered before are good): :class:`~infeed.WorkerDied` with the signal or exit
+        status for a process killed or crashed, the worker's own exception (with its traceback) for one that
+        failed and said why.
         """
-        k = seq % len(self._procs)
-        owner = self._procs[k]
-        code = owner.poll()
-        if code is None or self.ring.slot_state(seq % self.ring.slots) == ("filled", seq):
+        codes = [p.poll() for p in self._procs]
+        crashed = [k for k, code in enumerate(codes) if code not in (None, 0, REPORTED_ERROR)]
+        if not crashed and self.ring.slot_state(seq % self.ring.slots) == ("filled", seq):
             return
+        owner = None
+        for k, code in enumerate(codes):
+            if code is not None and {seq, CLAIMING} & set(self.ring.worker_claims(k)):
+                owner = k
+                break
+        if owner is None and crashed:      # killed or crashed owing no batch yet: the input has lost a worker
+            owner = crashed[0]
+        if owner is None:
+            if any(code is None for code in codes):
+                return
+            failed = [k for k, code in enumerate(codes) if code != 0]
+            owner = failed[0] if failed else 0
+        proc, code = self._procs[owner], codes[owner]
         if code not in (0, REPORTED_ERROR):
-            raise WorkerDied(owner.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
-                             detail=f"worker {k}, which owed batch {seq}")
+            raise WorkerDied(proc.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
+                             detail=f"worker {owner}, which owed batch {seq}")
         error = self.ring.error()
         if error is not None:
             error.raise_()
-        raise InfeedError(f"worker {k} (pid {owner.pid}) ended without batch {seq}")
+        raise InfeedError(f"worker {owner} (pid {proc.pid}) ended without batch {seq}")
 
     def close(self) -> None:
         """Stops the workers and removes the ring (views already taken stay readable)."""

@@ -37,6 +37,10 @@ SPIN = 0.0002
 STALL_WARNING = 60.0
 #: The name of the event that ``Feed.annotate`` wraps around each wait for a filled slot.
 WAIT_EVENT = "infeed/wait_for_slot"
+#: How often the producers are checked between waits (ns): a worker dead while owing no batch yet surfaces then.
+CHECK_NS = 100_000_000
+#: ... and every this many batches (a poll of each worker: microseconds).
+CHECK_BATCHES = 32
 
 _NO_EVENT = nullcontext()
 
@@ -99,6 +103,7 @@ class Feed:
         #: Whether the slots are registered with CUDA as pinned memory (a CUDA GPU is present).
         self.pinned = ring.pin()
         self._check_for = check
+        self._checked_ns = time.perf_counter_ns()          # when the producers were last checked between waits
         self._next = self._first = ring.consumer_counters()["taken"]
         self._held: int | None = None
         self._ended = False
@@ -120,6 +125,9 @@ class Feed:
             raise InfeedError("the feed is closed")
         slot = seq % ring.slots
         began = self._wait_began = time.perf_counter_ns()
+        if seq % CHECK_BATCHES == 0 or began - self._checked_ns > CHECK_NS:   # a producer dead owing nothing yet
+            self._checked_ns = began
+            self._check_for(seq)
         self._warned = 0
         try:
             with self.annotate(WAIT_EVENT) if self.annotate is not None else _NO_EVENT:
@@ -158,6 +166,7 @@ class Feed:
     # --- waiting ----------------------------------------------------------------------------
     def _check_waiting(self) -> None:
         """Runs every 0.1 s while the next batch is awaited: its producer's check, then the stall warning."""
+        self._checked_ns = time.perf_counter_ns()
         seq = self._next
         self._check_for(seq)
         every = self.stall_warning
@@ -167,10 +176,13 @@ class Feed:
                 self._warned = int(waited // every)
                 _log.warning("infeed: waited %.1f s so far for %s", waited, self._owed(seq))
 
-    def _owner(self, seq: int) -> tuple[int, int | None]:
-        """(index, pid or None when not known yet) of the worker that owes batch ``seq``."""
-        k = seq % self._workers
-        return k, self._worker_pid(k)
+    def _owner(self, seq: int) -> tuple[int | None, int | None]:
+        """(index, pid or None when not known yet) of the worker that owes batch ``seq``: the one that took
+        it (units are dealt to whichever worker is free); (None, None) while no worker has taken it."""
+        for k in range(self._workers):
+            if seq in self.ring.worker_claims(k):
+                return k, self._worker_pid(k)
+        return None, None
 
     def _worker_pid(self, k: int) -> int | None:
         for worker in self.ring.workers():
@@ -182,7 +194,11 @@ class Feed:
         """Batch ``seq``, where it goes, and the worker that owes it, with what that process is doing."""
         ring = self.ring
         k, pid = self._owner(seq)
-        who = f"worker {k} (not started yet)" if pid is None else f"worker {k} (pid {pid}, {process_state(pid)})"
+        if k is None:
+            states = ", ".join(f"{w['index']} (pid {w['pid']}, {process_state(w['pid'])})" for w in ring.workers())
+            who = f"no worker yet (none has taken it; workers {states or 'not started yet'})"
+        else:
+            who = f"worker {k} (not started yet)" if pid is None else f"worker {k} (pid {pid}, {process_state(pid)})"
         return f"batch {seq} (slot {seq % ring.slots} of ring {ring.name}) from {who}"
 
     def _release(self, seq: int) -> None:

@@ -32,7 +32,7 @@ import os
 from typing import Mapping
 
 __all__ = ["InputStats", "WorkerStats", "WORKER_STAGES", "CONSUMER_STAGES", "INPUT_BOUND", "IDLE_WORKERS",
-           "CACHED_READ_MB_S", "UNEQUAL_WORKERS", "UNEQUAL_WAIT", "PASSING_READS"]
+           "CACHED_READ_MB_S", "PASSING_READS"]
 
 #: A worker's stages, in the order of a batch's path, and what each means.
 WORKER_STAGES = {
@@ -60,11 +60,6 @@ INPUT_BOUND = 0.10
 IDLE_WORKERS = 0.30
 #: Reads faster than this (MB/s while reading) come from the page cache, not from storage.
 CACHED_READ_MB_S = 1000.0
-#: The slowest worker's time per record (in the stage that takes most) over the fastest's from which the workers
-#: are unequal: batches are dealt in turn, so every worker goes at the slowest's pace and the others wait for slots.
-UNEQUAL_WORKERS = 1.25
-#: The workers' share of time waiting for free slots from which unequal workers are said to cost the others.
-UNEQUAL_WAIT = 0.10
 #: Bytes read over bytes decoded from which workers are said to read other workers' records.
 PASSING_READS = 1.5
 
@@ -210,12 +205,11 @@ class InputStats:
         top = max(work, key=work.get)
         doing = f"workers spend {100 * work[top]:.0f} % {WORKER_STAGES[top].split(' (')[0]}"
         if self.trainer_wait >= INPUT_BOUND:
-            unequal = self._unequal(top, idle)
             if idle >= IDLE_WORKERS:
                 return (f"hand-off-bound: {waited}, yet workers wait {100 * idle:.0f} % of theirs for a free "
                         f"slot: slots come back in order, so a worker that is ahead waits while the consumer "
                         f"waits for another's batch (or the consumer holds its batches too long): put several "
-                        f"batches in a slot (steps_per_slot), add slots, or leave a core free of workers" + unequal)
+                        f"batches in a slot (steps_per_slot), add slots, or leave a core free of workers")
             advice = _ADVICE[top]
             n, physical = len(self.workers), self.physical_cores or self.cpus
             if top in ("decode", "crc", "inflate") and n + 1 > self.cpus:
@@ -237,27 +231,12 @@ class InputStats:
                     advice = (f"each worker reads every record and decodes its share ({passing:.1f}x the bytes "
                               f"it decodes): write an index (infeed index), with which workers read only their "
                               f"own batches")
-            return f"input-bound: {waited}; {doing}: {advice}{unequal}"
+            return f"input-bound: {waited}; {doing}: {advice}"
         if idle >= IDLE_WORKERS:
             return (f"trainer-bound: {waited}; workers wait {100 * idle:.0f} % of theirs for a free slot: "
                     f"the input keeps up with room to spare")
         return (f"balanced: {waited}; {doing} and wait {100 * idle:.0f} % for a free slot: the input keeps up "
                 f"with little to spare")
-
-    def _unequal(self, stage: str, idle: float) -> str:
-        """A clause for workers of unequal speed that cost the others their time, else ``""``: the slowest
-        worker's time per record in ``stage`` over the fastest's, where the workers wait for slots."""
-        times = [w.us_per_record(stage) for w in self.workers if w.records and stage in _PER_RECORD_STAGES]
-        if len(times) < 2 or min(times) <= 0 or idle < UNEQUAL_WAIT:
-            return ""
-        ratio = max(times) / min(times)
-        if ratio < UNEQUAL_WORKERS:
-            return ""
-        return (f"; the workers are unequal: the slowest takes {ratio:.1f}x the fastest's time a record "
-                f"{WORKER_STAGES[stage].split(' (')[0]}, and batches are dealt in turn, so all go at its pace and "
-                f"the others wait {100 * idle:.0f} % of theirs for a slot: their CPUs differ in speed or are "
-                f"busy with other work (each worker's us_per_record: to_json(), infeed stats --json); keep other "
-                f"processes off the workers' CPUs")
 
     def table(self) -> str:
         """A text table: the consumer's stages, then each worker's share of wall time per stage and rates."""

@@ -1,18 +1,24 @@
-"""A decoding worker: one process that fills its share of a ring's slots.
+"""A decoding worker: one process that fills whichever of a ring's slots it takes.
 
 Started by the daemon as ``python -m infeed.daemon.worker`` with a JSON config on its
-standard input (never a pickle): the ring's name, the worker's number ``k``
-of ``W``, the dataset and where to start. Unit ``u`` (``steps_per_slot``
-consecutive batches) is built by worker ``u mod W`` into slot ``u mod S``;
-the slot count is a multiple of ``W``, so each slot has one producer and the
-consumer finds unit ``u`` exactly where it looks for it.
+standard input (never a pickle): the ring's name, the worker's number, the dataset
+and where to start. Unit ``u`` (``steps_per_slot`` consecutive batches) goes into
+slot ``u mod S``, where the consumer looks for it. Units are dealt to whichever
+worker is free: a worker takes the next unit nobody has (an atomic counter in the
+ring, :meth:`~infeed.ring.Ring.take_unit`) as its planner reaches it, and one more
+ahead when it reads through an index; so a worker slowed by a busy CPU or slower
+records makes fewer batches instead of holding the others back. Every worker plans
+the whole sequence (a streaming one reads past the records of units the others
+took), so any worker can build any unit, and the batches are the same whoever builds
+them. Two workers may wait for one slot (units ``u`` and ``u + S``):
+:meth:`~infeed.ring.Ring.acquire_turn` gives it to ``u`` first.
 
 With transforms, a batch is decoded into the worker's own arrays and the user's
 functions write the slot (:mod:`infeed.daemon.transforms`); they are imported by
 name, with the daemon's ``sys.path`` after the worker's own.
 
 A failure (a corrupt record, a record that does not meet the spec) is written
-to the ring's error record and, by the worker that owns the batch where it
+to the ring's error record and, by the worker that took the batch where it
 happened, published in that batch's slot, so the consumer raises it right
 there. The worker stops when the consumer asks, and when the ring's creator is
 gone, in which case it also removes the segment.
@@ -52,15 +58,17 @@ class Stopped(Exception):
 
 
 class Producer:
-    """Worker ``index`` of ``workers`` filling ``ring`` with ``dataset``'s batches from ``start``."""
+    """Worker ``index`` filling ``ring`` with ``dataset``'s batches from ``start``: whichever it takes."""
 
-    def __init__(self, dataset: Dataset, ring: Ring, index: int, workers: int, start: tuple[int, int]):
-        self.ds, self.ring, self.index, self.workers = dataset, ring, index, workers
+    def __init__(self, dataset: Dataset, ring: Ring, index: int, start: tuple[int, int]):
+        self.ds, self.ring, self.index = dataset, ring, index
         self.start = start
         self.parser = dataset.parser
         self._transforms = TransformStage(dataset) if dataset.outputs is not None else None
         self._views: dict = {}
         self._last_check = 0.0
+        self._claims: list[int] = []              # the units this worker has taken and not published, in order
+        self._last_taken = -1                     # the last unit it took
         self._waiting_since: int | None = None    # monotonic_ns when the wait for a free slot began, while it lasts
         self._wait_ns = 0                         # waited for a free slot, not counted yet
 
@@ -80,12 +88,28 @@ class Producer:
         self.ring.count_work(self.index, wait_ns=now - self._waiting_since, readers=stage_totals())
         self._waiting_since = now
 
+    def _mine(self, unit: int) -> bool:
+        """Whether ``unit`` is this worker's. Units are dealt to whichever worker is free: asked about a unit
+        past the last it took, the worker takes the next unit nobody has (the planner asks in order as it
+        reaches each batch, and once more for the batch it reads ahead through an index)."""
+        if unit > self._last_taken:
+            self._last_taken = self.ring.take_unit(self.index)
+            self._claims.append(self._last_taken)
+        return unit in self._claims
+
+    def _publish(self, slot: int, unit: int, **kwargs) -> None:
+        """Publishes ``unit`` in ``slot`` (:meth:`~infeed.ring.Ring.publish`'s arguments); it is owed no more."""
+        self.ring.publish(slot, unit, **kwargs)
+        self._claims.remove(unit)
+        self.ring.drop_claim(self.index, unit)
+
     def _acquire(self, unit: int) -> int:
-        """Waits for ``unit``'s slot to be free; the rest of the wait is counted with the next batch."""
+        """Waits for ``unit``'s slot to be free and its turn; the rest of the wait is counted with the next
+        batch."""
         slot = unit % self.ring.slots
         self._waiting_since = time.monotonic_ns()
         try:
-            self.ring.acquire_free(slot, check=self._check)
+            self.ring.acquire_turn(unit, check=self._check)
         finally:
             self._wait_ns += time.monotonic_ns() - self._waiting_since
             self._waiting_since = None
@@ -136,7 +160,7 @@ class Producer:
 
     # --- the sequence -----------------------------------------------------------------------
     def run(self) -> None:
-        ds, ring, k, w = self.ds, self.ring, self.index, self.workers
+        ds, ring, k = self.ds, self.ring, self.index
         per_slot = ds.steps_per_slot
         epoch, first = self.start
         done = 0                  # batches of the sequence passed so far (mine or not)
@@ -147,12 +171,12 @@ class Producer:
                 base = done - first
 
                 def owned(index, base=base):
-                    return ((base + index) // per_slot) % w == k
+                    return self._mine((base + index) // per_slot)
 
                 sizes: list = []
                 for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes):
                     unit, step = divmod(done, per_slot)
-                    if unit % w == k:
+                    if unit in self._claims:
                         if slot is None:             # else still held for this unit (see below)
                             slot = self._acquire(unit)
                         before = stage_totals()
@@ -172,7 +196,7 @@ class Producer:
                         ring.count_work(k, batches=last, records=count - skipped, nbytes=nbytes, skipped=skipped,
                                         decode_ns=decode_ns, wait_ns=waited, readers=after)
                         if last:
-                            ring.publish(slot, unit, cursor=(epoch, planned.index + 1))
+                            self._publish(slot, unit, cursor=(epoch, planned.index + 1))
                             slot = None
                     done += 1
                     if time.monotonic() - self._last_check > 0.5:
@@ -186,15 +210,15 @@ class Producer:
                 epoch, first = epoch + 1, max(first - sizes[0], 0)
             unit, step = divmod(done, per_slot)
             if step:
-                if unit % w == k:
+                if self._mine(unit):
                     ring.count_work(k, batches=1, wait_ns=self._wait_ns)
                     self._wait_ns = 0
-                    ring.publish(slot, unit, steps=step, cursor=(epoch, 0))
+                    self._publish(slot, unit, steps=step, cursor=(epoch, 0))
                     slot = None
                 unit += 1
-            if unit % w == k:
-                ring.publish(self._acquire(unit) if slot is None else slot, unit, flags=SLOT_END, steps=0,
-                             cursor=(epoch, 0))
+            if self._mine(unit):
+                self._publish(self._acquire(unit) if slot is None else slot, unit, flags=SLOT_END, steps=0,
+                              cursor=(epoch, 0))
         except (Stopped, KeyboardInterrupt):
             raise
         except Exception as error:
@@ -204,14 +228,14 @@ class Producer:
     def _report(self, error: Exception, unit: int, slot: int | None) -> None:
         """Records ``error``; the owner of ``unit`` also publishes it in that unit's slot."""
         self.ring.set_error(error)
-        if unit % self.workers != self.index:
+        if unit not in self._claims:
             return
         try:
             if slot is None:
                 slot = self._acquire(unit)
         except (Stopped, InfeedError):
             return
-        self.ring.publish(slot, unit, flags=SLOT_ERROR, steps=0)
+        self._publish(slot, unit, flags=SLOT_ERROR, steps=0)
 
 
 def _keep_freed_memory() -> None:
@@ -241,7 +265,7 @@ def main() -> int:
     index = int(config["worker"])
     ring.register_worker(index)
     try:
-        Producer(ds, ring, index, int(config["workers"]), tuple(config["start"])).run()
+        Producer(ds, ring, index, tuple(config["start"])).run()
         return 0
     except Stopped:
         return 0

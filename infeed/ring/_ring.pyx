@@ -48,6 +48,14 @@ cdef extern from "<sys/mman.h>" nogil:
     enum: MAP_POPULATE
     void *MAP_FAILED
 
+cdef extern from *:
+    """
+    static inline long long infeed_fetch_add(long long *p, long long n) {
+        return __atomic_fetch_add(p, n, __ATOMIC_SEQ_CST);
+    }
+    """
+    long long infeed_fetch_add(long long *p, long long n) nogil
+
 #: Bytes one semaphore occupies (callers place them on 64-byte boundaries).
 SEM_SIZE = sizeof(sem_t)
 
@@ -99,6 +107,12 @@ cdef class Mapping:
         if offset % 16 != 0 or offset + sizeof(sem_t) > self.size:
             raise ValueError(f"no semaphore fits at offset {offset} of a {self.size}-byte mapping")
         return <sem_t *>(self.addr + offset)
+
+    def fetch_add(self, size_t offset, long long n):
+        """Adds ``n`` to the int64 at ``offset`` (8-aligned) atomically; returns the value before."""
+        if offset % 8 or offset + 8 > self.size:
+            raise ValueError(f"offset {offset} is no int64 inside the mapping")
+        return infeed_fetch_add(<long long *>(self.addr + offset), n)
 
     def sem_init(self, size_t offset, unsigned int value):
         """Initialises a process-shared semaphore at ``offset`` (only the creator, only once)."""

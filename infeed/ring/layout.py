@@ -29,7 +29,9 @@ MAGIC = b"INFEEDRB"
 #: 3: the creator and the workers hold locks (:mod:`infeed.ring.locks`); liveness no longer reads pids.
 #: 4: per-stage counters in the worker table (:data:`WORKER`), the ring's start time in the header.
 #: 5: ``skipped`` in the worker table: records made padding rows (``skip_corrupt``).
-VERSION = 5
+#: 6: units dealt to whichever worker is free: ``next_unit`` in the header, ``claim`` and ``next_claim`` in the
+#:    worker table; slots' ``seq`` start at -1.
+VERSION = 6
 #: The header's ``state`` once the creator has written everything: attachers refuse a ring before that.
 READY = 1
 ALIGN = 64
@@ -47,18 +49,20 @@ HEADER = np.dtype([
     ("created_unix_ns", "<i8"), ("stop", "<u4"), ("_pad", "<u4"),
     ("taken", "<i8"), ("stall_ns", "<i8"), ("cursor", "<i8", (2,)),
     ("meta_offset", "<u8"), ("meta_len", "<u8"), ("started_ns", "<i8"), ("startup_ns", "<i8"),
+    ("next_unit", "<i8"),
 ])
 SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i8"), ("steps", "<i8"),
                  ("cursor", "<i8", (2,))])
 #: A worker's entry: its pid (a hint for messages), when it registered and last beat (``time.monotonic_ns``),
 #: what it delivered (``bytes``: of the records decoded; ``skipped``: records made padding rows, which ``records``
-#: does not count), and its time per stage since it registered:
+#: does not count), the units it has taken and not yet published (``claim``, then ``next_claim``: -1 for none,
+#: -2 while it takes one), and its time per stage since it registered:
 #: ``read_ns`` (opening and reading files, ``inflate_ns`` within it), ``crc_ns``, ``decode_ns`` (into the
 #: slot) and ``wait_ns`` (for a free slot); ``read_bytes`` came out of its streams (inflated),
 #: ``compressed_bytes`` went into inflating. Its other time is planning and moving past others' records.
 WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
-                   ("records", "<i8"), ("bytes", "<i8"), ("skipped", "<i8"), ("decode_ns", "<i8"),
-                   ("wait_ns", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"), ("read_bytes", "<i8"),
+                   ("records", "<i8"), ("bytes", "<i8"), ("skipped", "<i8"), ("claim", "<i8"), ("next_claim", "<i8"),
+                   ("decode_ns", "<i8"), ("wait_ns", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"), ("read_bytes", "<i8"),
                    ("compressed_bytes", "<i8")])
 #: The fields a worker's record readers count (``STAGE_TOTALS``, stored as they come), last.
 READER_FIELDS = WORKER.names[-len(STAGE_TOTALS):]
@@ -71,7 +75,7 @@ SEM_STRIDE = ALIGN
 SLOT_WORDS, WORKER_WORDS = SLOT.itemsize // 8, WORKER.itemsize // 8
 #: int64 word index of the header's consumer fields, and uint32 index of its stop flag.
 HEADER_WORDS = {name: HEADER.fields[name][1] // 8 for name in ("taken", "stall_ns", "cursor", "started_ns",
-                                                                     "startup_ns")}
+                                                                     "startup_ns", "next_unit")}
 #: int64 word index of each field within a worker-table entry.
 WORKER_FIELDS = {name: WORKER.fields[name][1] // 8 for name in WORKER.names}
 HEADER_STOP = HEADER.fields["stop"][1] // 4

@@ -71,9 +71,15 @@ from infeed.ring.slots import FILLED, FREE, READING, STATE_NAMES, WRITING, SlotI
 
 __all__ = ["Ring"]
 
-_BEAT, _BATCHES, _RECORDS, _BYTES, _SKIPPED, _DECODE, _WAIT, _READERS = (
-    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "skipped", "decode_ns", "wait_ns",
-                               READER_FIELDS[0]))
+_BEAT, _BATCHES, _RECORDS, _BYTES, _SKIPPED, _CLAIM, _NEXT_CLAIM, _DECODE, _WAIT, _READERS = (
+    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "skipped", "claim", "next_claim",
+                               "decode_ns", "wait_ns", READER_FIELDS[0]))
+#: A worker's claim while it takes the next unit (a death then leaves it, not a unit, unaccounted).
+CLAIMING = -2
+#: How long a producer that took a slot before its turn first sleeps before it tries again (seconds) ...
+TURN_SLEEP = 50e-6
+#: ... doubling each time up to this.
+TURN_SLEEP_MAX = 1e-3
 
 #: How often a waiter wakes to check its peer is alive (it wakes at once on a post).
 CHECK_INTERVAL = 0.1
@@ -179,6 +185,9 @@ class Ring:
             buf[plan.layout:plan.layout + len(layout_bytes)] = np.frombuffer(layout_bytes, np.uint8)
             h["meta_offset"], h["meta_len"] = plan.meta, len(meta)
             buf[plan.meta:plan.meta + len(meta)] = np.frombuffer(meta, np.uint8)
+            table = np.frombuffer(mapping, SLOT, slots, plan.table)
+            table["seq"] = -1                    # no unit yet: unit i is the first of slot i (acquire_turn)
+            del table
             for i in range(slots):
                 mapping.sem_init(plan.semaphores + (2 * i) * SEM_STRIDE, 1)      # free
                 mapping.sem_init(plan.semaphores + (2 * i + 1) * SEM_STRIDE, 0)  # filled
@@ -355,6 +364,53 @@ class Ring:
         self._u32[2 * w] = WRITING
         self._q[w + 2] = os.getpid()
 
+    def acquire_turn(self, unit: int, timeout: float | None = None, check: Callable[[], None] | None = None) -> int:
+        """Producer: waits until ``unit``'s slot (``unit mod slots``) is free and its turn, ``unit``'s: the unit
+        a slot before it (``unit - slots``) was published there and released. With units dealt to whichever
+        worker is free (:meth:`take_unit`), two producers may wait for one slot; the one that takes it out of
+        turn hands it back and tries again after a pause that doubles up to :data:`TURN_SLEEP_MAX`. Returns
+        the slot."""
+        i = unit % self.slots
+        w = self._slot0 + SLOT_WORDS * i
+        pause = TURN_SLEEP
+        while True:
+            self.acquire_free(i, timeout, check)
+            if self._q[w + 1] == (unit - self.slots if unit >= self.slots else -1):
+                return i
+            self._u32[2 * w] = FREE                     # not ours yet: back to its owner of the moment
+            self._map.sem_post(self._sems + 2 * i * SEM_STRIDE)
+            if self.stop_requested:
+                return i
+            time.sleep(pause)
+            pause = min(2 * pause, TURN_SLEEP_MAX)
+
+    def take_unit(self, index: int) -> int:
+        """Worker ``index`` takes the next unit nobody has taken (the ring's counter, atomically) and records
+        it among its claims (:meth:`worker_claims`), beside the one it still owes, if any."""
+        q, w = self._q, self._worker0 + WORKER_WORDS * index
+        field = _CLAIM if q[w + _CLAIM] == -1 else _NEXT_CLAIM
+        if q[w + field] != -1:
+            raise RuntimeError(f"worker {index} takes a third unit while it owes two")
+        q[w + field] = CLAIMING             # a death from here on is seen as owing the unit being taken
+        unit = self._map.fetch_add(8 * HEADER_WORDS["next_unit"], 1)
+        q[w + field] = unit
+        return unit
+
+    def drop_claim(self, index: int, unit: int) -> None:
+        """Worker ``index`` no longer owes ``unit`` (published, or past the end): its next claim moves up."""
+        q, w = self._q, self._worker0 + WORKER_WORDS * index
+        if q[w + _CLAIM] == unit:
+            q[w + _CLAIM] = q[w + _NEXT_CLAIM]
+            q[w + _NEXT_CLAIM] = -1
+        elif q[w + _NEXT_CLAIM] == unit:
+            q[w + _NEXT_CLAIM] = -1
+
+    def worker_claims(self, index: int) -> tuple[int, int]:
+        """The units worker ``index`` has taken and not yet published, oldest first (-1: none;
+        :data:`CLAIMING` while it takes one)."""
+        w = self._worker0 + WORKER_WORDS * index
+        return int(self._q[w + _CLAIM]), int(self._q[w + _NEXT_CLAIM])
+
     def publish(self, i: int, seq: int, *, flags: int = 0, steps: int | None = None,
                 cursor: tuple[int, int] = (0, 0)) -> None:
         """Producer: marks slot ``i`` filled with batch number ``seq`` and wakes the consumer.
@@ -422,6 +478,7 @@ class Ring:
         w = self._workers[index]
         for name in WORKER.names:
             w[name] = 0
+        w["claim"] = w["next_claim"] = -1
         w["started_ns"] = w["beat_ns"] = time.monotonic_ns()
         w["pid"] = pid
 

@@ -74,9 +74,9 @@ def test_a_killed_or_crashed_worker_raises_worker_died_at_the_first_batch_it_owe
         assert time.monotonic() - began < REPORT_WITHIN
         workers = feed.worker_pids
     seen = [first] + seen
-    # Every batch before the failure is there and right; the error comes at the dead worker's first missing one.
+    # Every batch before the failure is there and right; the error comes at the first batch awaited after the
+    # death (the dead worker's own, or a later one where it owed none: the others took its share).
     assert seen == [expected_ids(b) for b in range(len(seen))]
-    assert len(seen) % 2 == 1
     e = info.value
     assert (e.pid, e.signal, e.exitcode) == (victim, sig, None)
     assert f"batch {len(seen)}" in str(e) and signal.Signals(sig).name in str(e)
@@ -128,16 +128,19 @@ def test_a_stopped_worker_gives_a_timeout_naming_it(files, reaper):
     ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
     with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=3) as feed:
         next(feed)
-        victim = feed.worker_pids[1]
-        reaper.pids.append(victim)
-        os.kill(victim, signal.SIGSTOP)
+        victims = feed.worker_pids          # both: batches go to whichever worker is free
+        reaper.pids.extend(victims)
+        for victim in victims:
+            os.kill(victim, signal.SIGSTOP)
         began = time.monotonic()
         seen, info = take_until_error(feed, infeed.Timeout)
         assert time.monotonic() - began < REPORT_WITHIN
-        os.kill(victim, signal.SIGCONT)
+        for victim in victims:
+            os.kill(victim, signal.SIGCONT)
     e = info.value
-    assert (e.worker, e.pid, e.seconds) == (1, victim, 3) and len(seen) % 2 == 0
-    assert f"worker 1 (pid {victim}, stopped by a signal" in str(e) and f"batch {len(seen) + 1}" in str(e)
+    assert e.seconds == 3 and f"batch {len(seen) + 1}" in str(e) and "stopped by a signal" in str(e)
+    if e.worker is not None:                # the worker that took the batch, else every worker's state
+        assert e.pid == victims[e.worker] and f"worker {e.worker} (pid {e.pid}, stopped by a signal" in str(e)
 
 
 def test_a_stopped_worker_without_a_timeout_gives_periodic_warnings_naming_it(files, reaper, caplog):
@@ -146,16 +149,18 @@ def test_a_stopped_worker_without_a_timeout_gives_periodic_warnings_naming_it(fi
     with Daemon(ds, num_workers=2, slots=4, lock_memory=False) as feed:
         next(feed)
         feed.stall_warning = 0.5            # after the first batch, which a busy machine may take longer for
-        victim = feed.worker_pids[1]
-        reaper.pids.append(victim)
-        os.kill(victim, signal.SIGSTOP)
+        victims = feed.worker_pids          # both: batches go to whichever worker is free
+        reaper.pids.extend(victims)
+        for victim in victims:
+            os.kill(victim, signal.SIGSTOP)
 
         def stalls():
             return [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
 
         def resume():           # once warned twice (or after 20 s whatever happened): the wait must end
             wait_until(lambda: len(stalls()) >= 2, 20)
-            os.kill(victim, signal.SIGCONT)
+            for victim in victims:
+                os.kill(victim, signal.SIGCONT)
         resumer = threading.Thread(target=resume)
         resumer.start()
         try:
@@ -165,7 +170,7 @@ def test_a_stopped_worker_without_a_timeout_gives_periodic_warnings_naming_it(fi
     assert ids == [expected_ids(b) for b in range(1, 21)]       # after the stall, on as if nothing happened
     warned = stalls()
     assert len(warned) >= 2
-    assert all(f"from worker 1 (pid {victim}, stopped by a signal" in m for m in warned)
+    assert all("stopped by a signal" in m and any(f"pid {pid}" in m for pid in victims) for m in warned)
 
 
 # --- the trainer killed or interrupted -----------------------------------------------------------

@@ -130,7 +130,7 @@ def test_a_daemon_reports_every_stage(data, compression):
     with Daemon(ds, num_workers=2, slots=4, lock_memory=False) as feed:
         taken = sum(1 for _ in feed)
         s = feed.stats()
-    assert taken == 40 and s.taken == 40 and len(s.workers) == 2
+    assert taken == 40 and s.taken == 40 and 1 <= len(s.workers) <= 2      # batches go to whichever worker is free
     assert sum(w.records for w in s.workers) == 2000 and sum(w.batches for w in s.workers) == 40
     size = os.path.getsize(data[compression])
     for w in s.workers:
@@ -144,26 +144,6 @@ def test_a_daemon_reports_every_stage(data, compression):
     assert s.consumer["start_up"] > 0 and 0 < s.elapsed_s
     assert s.bottleneck().split(":")[0] in ("input-bound", "trainer-bound", "balanced", "hand-off-bound")
     assert "ring " + feed.ring.name in s.table()
-
-
-def test_workers_of_unequal_speed_are_named_where_the_others_wait_for_them():
-    """Batches are dealt in turn: a worker 1.6x slower a record sets the pace, and the others wait for slots
-    (seen on a 16-CPU host whose CPUs differ by up to 1.3x alone: python -m bench cpus)."""
-    fast = [worker(index=k, decode=5.0, wait=3.0) for k in range(7)]
-    slow = worker(index=7, decode=8.0, wait=0.5)
-    said = stats([*fast, slow], wait=4.0, cpus=16).bottleneck()
-    assert said.startswith("input-bound: the trainer waited 40 % of the time; workers spend ")
-    assert said.endswith(
-        "; the workers are unequal: the slowest takes 1.6x the fastest's time a record decoding into the slot, and "
-        "batches are dealt in turn, so all go at its pace and the others wait 27 % of theirs for a slot: their CPUs "
-        "differ in speed or are busy with other work (each worker's us_per_record: to_json(), infeed stats --json); "
-        "keep other processes off the workers' CPUs")
-    assert "unequal" not in stats([*fast, worker(index=7, decode=6.0, wait=2.0)], wait=4.0, cpus=16).bottleneck()
-    barely_waiting = [worker(index=k, decode=8.0, wait=0.5) for k in range(7)] + [worker(index=7, decode=5.0)]
-    assert "unequal" not in stats(barely_waiting, wait=4.0, cpus=16).bottleneck()
-    handoff = [worker(index=k, decode=4.0, wait=5.0) for k in range(7)] + [worker(index=7, decode=8.0, wait=1.0)]
-    said = stats(handoff, wait=4.0, cpus=16).bottleneck()
-    assert said.startswith("hand-off-bound") and "the slowest takes 2.0x" in said
 
 
 def test_workers_reading_every_record_to_decode_their_share_are_told_to_write_an_index():

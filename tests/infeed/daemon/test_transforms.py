@@ -55,6 +55,21 @@ def test_a_transform_writes_its_outputs_the_same_for_one_or_two_workers(files, f
         assert not last["id"][4:].any() and not last["noise"][4:].any()
 
 
+def test_batches_go_to_whichever_worker_is_free_so_a_slow_worker_makes_few(files, tmp_path, monkeypatch):
+    """One worker 50 ms slower a batch: dealt in turn it would make 12 of the 25 batches and the other would
+    wait for it; taking the next batch nobody has, the other makes most. The batches are the same."""
+    monkeypatch.setenv(tx.SLOW_MARKER, str(tmp_path / "slow"))
+    want = collect(Dataset(files, SPEC, batch_size=4, batch_transform=tx.summed, outputs=tx.SUMMED_OUTPUTS),
+                   num_workers=1)
+    ds = Dataset(files, SPEC, batch_size=4, batch_transform=tx.slow_in_one_worker, outputs=tx.SUMMED_OUTPUTS)
+    with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=60) as feed:
+        got = [copied(batch) for batch in feed]
+        made = sorted(w.batches for w in feed.stats().workers)
+    assert_same(got, want)
+    assert sum(made) == len(want) == 25
+    assert made[1] >= 3 * made[0]
+
+
 def test_each_record_draws_from_its_own_generator_whatever_the_order_workers_or_resume(files):
     ds = noisy_dataset(files, shuffle_files=True, shuffle_buffer=20, seed=5, num_epochs=2)
     full = collect(ds, num_workers=2)

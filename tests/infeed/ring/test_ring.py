@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -77,6 +78,21 @@ def _produce(name, n):
             v["label"][:] = seq
             v["x"][:] = seq * 0.5
             r.publish(slot, seq)
+
+
+def _deal(name, index, units, made):
+    """A worker taking the next unit nobody has until ``units`` are taken, each into its slot in turn; puts the
+    units it made on ``made``."""
+    mine = []
+    with Ring.attach(name) as r:
+        r.register_worker(index)
+        while (unit := r.take_unit(index)) < units:
+            slot = r.acquire_turn(unit, timeout=10)
+            r.slot_arrays(slot)["label"][:] = unit
+            r.publish(slot, unit)
+            r.drop_claim(index, unit)
+            mine.append(unit)
+    made.put((index, mine))
 
 
 def _fill_narrow(name):
@@ -236,6 +252,62 @@ def test_batches_arrive_in_order_across_processes_through_few_slots(ring):
         ring.release(slot)
     p.join(10)
     assert p.exitcode == 0
+
+
+def test_units_dealt_to_whichever_producer_asks_arrive_once_each_and_in_order(ring):
+    """Three producers through three slots, each taking the next unit nobody has: two may wait for one slot
+    (units u and u + 3), and acquire_turn gives it to u first."""
+    made = CTX.Queue()
+    procs = [CTX.Process(target=_deal, args=(ring.name, k, 60, made)) for k in range(3)]
+    for p in procs:
+        p.start()
+    check = watch_processes(procs)
+    for seq in range(60):
+        slot = seq % ring.slots
+        assert ring.acquire_filled(slot, timeout=10, check=check) == seq
+        assert (ring.slot_arrays(slot)["label"] == seq).all()
+        ring.release(slot)
+    by_worker = dict(made.get(timeout=10) for _ in procs)
+    for p in procs:
+        p.join(10)
+        assert p.exitcode == 0
+    assert sorted(u for units in by_worker.values() for u in units) == list(range(60))
+    assert all(units == sorted(units) for units in by_worker.values())
+    claims = [ring.worker_claims(k) for k in range(3)]      # each took a unit past the end last, and stopped
+    assert sorted(c for c, _ in claims) == [60, 61, 62] and all(n == -1 for _, n in claims)
+
+
+def test_a_worker_owes_at_most_two_units_and_its_claims_are_visible_to_the_consumer(ring):
+    ring.register_worker(0)
+    ring.register_worker(1)
+    assert ring.worker_claims(0) == (-1, -1)
+    assert [ring.take_unit(0), ring.take_unit(1), ring.take_unit(0)] == [0, 1, 2]
+    assert ring.worker_claims(0) == (0, 2) and ring.worker_claims(1) == (1, -1)
+    with pytest.raises(RuntimeError, match="worker 0 takes a third unit while it owes two"):
+        ring.take_unit(0)
+    ring.drop_claim(0, 0)
+    assert ring.worker_claims(0) == (2, -1)
+    assert ring.take_unit(0) == 3 and ring.worker_claims(0) == (2, 3)
+    ring.drop_claim(0, 3)
+    ring.drop_claim(0, 2)
+    assert ring.worker_claims(0) == (-1, -1)
+    assert ring.workers()[0]["claim"] == -1 and ring.workers()[1]["claim"] == 1
+
+
+def test_a_slot_taken_before_its_turn_goes_back_to_the_unit_before(ring):
+    """Unit 3 shares slot 0 with unit 0: taken first, it waits until unit 0 was published there and released."""
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(ring.acquire_turn(3, timeout=10)))
+    waiter.start()
+    time.sleep(0.2)
+    assert not got                          # the slot is free, but not unit 3's yet
+    assert ring.acquire_turn(0, timeout=5) == 0
+    ring.publish(0, seq=0)
+    assert not got
+    assert ring.acquire_filled(0, timeout=1) == 0
+    ring.release(0)
+    waiter.join(10)
+    assert got == [0]
 
 
 def test_producer_blocks_while_slot_is_full_and_consumer_while_empty(ring):
