@@ -169,7 +169,7 @@ def startup_timing(workers: int) -> str:
 
 
 def every_worker_timing(workers: int) -> str:
-    return f"start-up W={workers}: to a batch from each worker"
+    return f"start-up W={workers}: to every worker started"
 
 
 def cpu_timing(workers: int) -> str:
@@ -243,13 +243,18 @@ class DaemonCase:
     The harness times the whole of ``run`` (workers started and stopped
     included); the figures come from the times kept here instead:
 
-    - ``steady``: from the arrival of the first batch of the last worker to
-      start (batch W-1; with ``work``, from the end of its work) to the end of
-      the data: batches W..N-1 (the file must have more than W batches: see
-      :func:`~bench.harness.steady_refusal`);
+    - ``steady``: the time batches W..N-1 take once every worker has started
+      (the file must have more than W batches: see
+      :func:`~bench.harness.steady_refusal`). Batches go to whichever worker is
+      free, so a worker that starts late takes none at first: from batch W
+      (with ``work``, from the end of its work on batch W-1) the run takes
+      batches until every worker has registered, and the time from then to the
+      end is scaled to all of batches W..N-1. Where the others make every
+      batch before a worker starts, it is the time from batch W;
     - ``after_made``: from ``Daemon(...)`` returning to the end (every batch);
     - ``first``, ``every``: from the ``Daemon(...)`` call to the first batch, and
-      to batch W-1 (a batch from every worker); without ``work`` only;
+      to the steady state's start (every worker started, or batch W); without
+      ``work`` only;
     - ``cpu``: this process's CPU seconds over the steady wall time; without ``work`` only.
     """
 
@@ -279,18 +284,24 @@ class DaemonCase:
                     first = time.perf_counter()
                 if work is not None:
                     work()
-            before = feed.stats()
-            start, cpu0 = time.perf_counter(), time.process_time()
-            if work is None:
-                for batch in feed:
-                    pass
-            else:
-                for batch in feed:
+            # Batches go to whichever worker is free, so one that starts late takes none at first: the steady
+            # state begins once every worker has started (the batches before are scaled out of its time), or
+            # from batch W where the others made every batch before that.
+            from_w = window = (feed.stats(), time.perf_counter(), time.process_time(), 0)
+            steady_batches = 0
+            for batch in feed:
+                if work is not None:
                     work()
+                steady_batches += 1
+                if len(window[0].workers) < self.workers:
+                    window = (feed.stats(), time.perf_counter(), time.process_time(), steady_batches)
             end, cpu1 = time.perf_counter(), time.process_time()
+            if len(window[0].workers) < self.workers or window[3] == steady_batches:
+                window = from_w
+            before, start, cpu0, early = window
             self.stages.append(feed.stats().since(before))
             taken = feed.ring.consumer_counters()["taken"]
-        self.steady.append(end - start)
+        self.steady.append((end - start) * steady_batches / max(steady_batches - early, 1))
         self.after_made.append(end - made)
         if work is None:
             self.first.append(first - called)
