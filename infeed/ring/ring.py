@@ -20,6 +20,13 @@ in ``/dev/shm`` holds everything (:mod:`infeed.ring.layout` draws it).
   liveness check so that a waiter whose peer died raises
   :class:`~infeed.WorkerDied` instead of hanging; a deadline raises
   :class:`~infeed.Timeout`.
+* Units (a slot's worth of batches) are dealt to whichever producer is free:
+  :meth:`Ring.take_unit` hands out the next one from a counter in the header
+  (an atomic fetch-add) and records it among the producer's claims in the
+  worker table (:meth:`Ring.worker_claims`: at most two), so the consumer can
+  name who owes a late unit. Unit ``u`` goes into slot ``u mod S``, so two
+  producers may wait for one slot: :meth:`Ring.acquire_turn` lets ``u`` have
+  it before ``u + S``.
 * Every array in a slot starts on a 64-byte boundary. A slot holds one batch
   laid out as ``ExampleParser.allocate(batch_size)`` returns it (``Padded``
   fields as values and lengths), or with ``steps_per_slot=K > 1``, K batches
