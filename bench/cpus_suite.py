@@ -2,9 +2,9 @@
 
 The bound under ``bench images``' scaling, CPU by CPU. One process is pinned to
 each allowed CPU (``os.sched_setaffinity``), started before timing; each decodes
-the same photos (:mod:`bench.photos`' 500x375 JPEGs, the images suite's, ``simplejpeg.decode_jpeg``
-with ``fastdct``, full size) when told to and reports its seconds. Interleaved,
-per round:
+the same photos (:mod:`bench.photos`' 500x375 JPEGs, the images suite's,
+``simplejpeg.decode_jpeg`` with ``fastdct``, full size) when told to and
+reports its seconds. Interleaved, per round:
 
 - ``CPU c alone``: the process on CPU c, every other one idle, each CPU in turn;
 - ``CPU c, N at once``: the processes on the first N CPUs at the same time, for

@@ -399,7 +399,8 @@ class SuiteResult:
         wait share, and the workers' decoding time per record (which grows with W where each worker's own work
         slows: shared cores, memory bandwidth, clocks), and with two workers or more the slowest worker's decoding
         time per record over the fastest's (CPUs of unequal speed; batches go to whichever worker is free, so the
-        slower workers make fewer); a refused W's row gives the reason instead. A W above :func:`cpus_allowed` is oversubscribed.
+        slower workers make fewer); a refused W's row gives the reason instead. A W above :func:`cpus_allowed` is
+        oversubscribed.
 
         ``bound`` (W -> the figure of W processes parsing at once, sharing nothing; 1 -> the one-process parse)
         adds what the machine gives W decoders: ``bound_speedup``, their rate over one's, and ``of_bound``, the

@@ -78,7 +78,7 @@ __all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "
 
 SUITE = "images"
 BATCH_SIZE = 16
-#: The daemon rows' ring size unless ``slots`` asks for others too (rounded up to a multiple of W by the Daemon).
+#: The daemon rows' ring size unless ``slots`` asks for others too (raised to W by the Daemon where fewer).
 SLOTS = 8
 BARE = "bare decoder"
 DECODE_PART = "centre crop's part: JPEG decode at its DCT scale"

@@ -67,8 +67,7 @@ class Producer:
         self._transforms = TransformStage(dataset) if dataset.outputs is not None else None
         self._views: dict = {}
         self._last_check = 0.0
-        self._claims: list[int] = []              # the units this worker has taken and not published, in order
-        self._last_taken = -1                     # the last unit it took
+        self._last_taken = -1                     # the last unit it took (those it owes: Ring.worker_claims)
         self._waiting_since: int | None = None    # monotonic_ns when the wait for a free slot began, while it lasts
         self._wait_ns = 0                         # waited for a free slot, not counted yet
 
@@ -94,13 +93,15 @@ class Producer:
         reaches each batch, and once more for the batch it reads ahead through an index)."""
         if unit > self._last_taken:
             self._last_taken = self.ring.take_unit(self.index)
-            self._claims.append(self._last_taken)
-        return unit in self._claims
+        return self._owes(unit)
+
+    def _owes(self, unit: int) -> bool:
+        """Whether this worker took ``unit`` and has not published it."""
+        return unit in self.ring.worker_claims(self.index)
 
     def _publish(self, slot: int, unit: int, **kwargs) -> None:
         """Publishes ``unit`` in ``slot`` (:meth:`~infeed.ring.Ring.publish`'s arguments); it is owed no more."""
         self.ring.publish(slot, unit, **kwargs)
-        self._claims.remove(unit)
         self.ring.drop_claim(self.index, unit)
 
     def _acquire(self, unit: int) -> int:
@@ -176,7 +177,7 @@ class Producer:
                 sizes: list = []
                 for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes):
                     unit, step = divmod(done, per_slot)
-                    if unit in self._claims:
+                    if self._owes(unit):
                         if slot is None:             # else still held for this unit (see below)
                             slot = self._acquire(unit)
                         before = stage_totals()
@@ -228,7 +229,7 @@ class Producer:
     def _report(self, error: Exception, unit: int, slot: int | None) -> None:
         """Records ``error``; the owner of ``unit`` also publishes it in that unit's slot."""
         self.ring.set_error(error)
-        if unit not in self._claims:
+        if not self._owes(unit):
             return
         try:
             if slot is None:

@@ -404,7 +404,7 @@ class Ring:
         return unit
 
     def drop_claim(self, index: int, unit: int) -> None:
-        """Worker ``index`` no longer owes ``unit`` (published, or past the end): its next claim moves up."""
+        """Worker ``index`` no longer owes ``unit`` (it published it): its next claim, if any, moves up."""
         q, w = self._q, self._worker0 + WORKER_WORDS * index
         if q[w + _CLAIM] == unit:
             q[w + _CLAIM] = q[w + _NEXT_CLAIM]
