@@ -8,7 +8,7 @@ The sub-packages follow a batch's path: :mod:`infeed.tfrecord` (files and record
 from infeed import _native  # noqa: F401  (first: an unbuilt checkout fails saying how to build it)
 from infeed.daemon import Batch, Daemon, Dataset, Feed, InputStats, attach
 from infeed.errors import (AttachError, CorruptRecordError, DecodeError, FileSystemConfigError, IndexFileError,
-                           InfeedError, ShmSpaceError, Timeout, TransformError, WorkerDied)
+                           InfeedError, ShmSpaceError, SourceChangedError, Timeout, TransformError, WorkerDied)
 from infeed.example import (Bytes, ExampleParser, FixedLen, Image, Padded, VarLen, decode_example, encode_example,
                             parse_examples)
 from infeed.ring import Ring
@@ -34,6 +34,7 @@ __all__ = [
     "Padded",
     "Ring",
     "ShmSpaceError",
+    "SourceChangedError",
     "TFRecordWriter",
     "Timeout",
     "TransformError",

@@ -250,18 +250,30 @@ class FileSystemConfigError(InfeedError, ValueError):
 
 
 class SourceChangedError(InfeedError, OSError):
-    """A remote file changed while it was read (replaced, rewritten): what was read of it no longer goes with
-    what would be read next. Attributes: ``path``; ``before`` and ``after``, its (size, modification time) when
-    opened and when found changed; ``offset``, the byte offset of the read that found it."""
+    """A file changed after infeed pinned the version it reads: what was read of it no longer goes with what
+    would be read next, and nothing of the new version is handed out beside the old.
 
-    def __init__(self, path, before, after, offset):
+    Attributes: ``path``; ``offset``, the byte offset of the read that found it; ``record_index``, None where
+    the file as a whole was found changed, else the record read through an index that is not the record
+    indexed; ``before`` and ``after``: the file's (size, modification time) when opened and when found
+    changed, or, for a record (``record_index`` set), its data CRC as indexed and as read."""
+
+    def __init__(self, path, before, after, offset, record_index=None):
         self.path, self.before, self.after, self.offset = path, before, after, offset
-        super().__init__(f"{path}: changed while it was read (size {before[0]}, modified {before[1]} when opened; "
-                         f"size {after[0]}, modified {after[1]} at the read of byte {offset}): no record of the new "
-                         "version is mixed with the old; read the file again from its start")
+        self.record_index = record_index
+        if record_index is None:
+            message = (f"{path}: changed while it was read (size {before[0]}, modified {before[1]} when opened; "
+                       f"size {after[0]}, modified {after[1]} at the read of byte {offset}): no record of the new "
+                       "version is mixed with the old; read the file again from its start")
+        else:
+            message = (f"{path}: record {record_index} at byte offset {offset} is not the record indexed (data CRC "
+                       f"{before:#010x} in the index, {after:#010x} in the file): the file was rewritten after it "
+                       "was indexed; no record of the new version is mixed with the old: index it again "
+                       "(infeed index) and read it from its start")
+        super().__init__(message)
 
     def __reduce__(self):
-        return (type(self), (self.path, self.before, self.after, self.offset))
+        return (type(self), (self.path, self.before, self.after, self.offset, self.record_index))
 
 
 class ColumnError(InfeedError, ValueError):

@@ -56,9 +56,8 @@ from infeed.errors import IndexFileError
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import Padded
 from infeed.tfrecord.files import expand_files
-from infeed.tfrecord.index import (INDEX_SUFFIX, MAX_JOINED_READ, RecordIndex, build_index, index_path, is_index_file,
-                                   load_index, read_indexed, write_index)
-from infeed.tfrecord.reader import open_random_access
+from infeed.tfrecord.index import (INDEX_SUFFIX, MAX_JOINED_READ, RecordIndex, build_index, check_versions, index_path,
+                                   is_index_file, load_index, open_indexed, read_indexed, write_index)
 
 __all__ = ["TFRecordSource", "ParseBatch", "ParseExample", "MISSING_INDEX"]
 
@@ -101,8 +100,8 @@ class TFRecordSource:
         #: Per file: its record count and its size in bytes when indexed (checked again by every process).
         self._counts = tuple(ix.count for ix in indexes)
         self._sizes = tuple(ix.file_size for ix in indexes)
-        #: Offsets of the files indexed in memory (no sidecar to load again in another process).
-        self._built = {ix.path: ix.offsets for ix, built in found if built}
+        #: Offsets and data CRCs of the files indexed in memory (no sidecar to load again in another process).
+        self._built = {ix.path: (ix.offsets, ix.data_crcs) for ix, built in found if built}
         self._starts = [0, *np.cumsum(self._counts).tolist()]
         self._len = self._starts[-1]
         self._reset(indexes)
@@ -147,9 +146,10 @@ class TFRecordSource:
         """File ``f``'s index in this process: from memory if it was built, else its sidecar, checked
         to describe the file as the source saw it when it was made."""
         path, count, size = self.paths[f], self._counts[f], self._sizes[f]
-        offsets = self._built.get(path)
-        if offsets is not None:
-            return RecordIndex(path, size, offsets, np.diff(offsets, append=np.int64(size)) - _FRAMING)
+        built = self._built.get(path)
+        if built is not None:
+            offsets, crcs = built
+            return RecordIndex(path, size, offsets, np.diff(offsets, append=np.int64(size)) - _FRAMING, crcs)
         ix = load_index(path)
         if ix is None:
             raise IndexFileError(index_path(path), "gone since the source was made (in another process)")
@@ -166,7 +166,7 @@ class TFRecordSource:
             with self._lock:
                 handle = self._files[f]
                 if handle is None:
-                    handle = self._files[f] = open_random_access(self.paths[f])
+                    handle = self._files[f] = open_indexed(self.paths[f], self._index(f))
         return handle
 
     def close(self) -> None:
@@ -205,19 +205,22 @@ class TFRecordSource:
 
     def __getitem__(self, index) -> bytes:
         f, k = self._where(index)
-        return read_indexed(self._read_at, self.paths, self._index, [f], [k])[0]
+        return read_indexed(self._read_at, self.paths, self._index, [f], [k], check=self._check)[0]
 
     def _getitems(self, indices: Sequence[int]) -> list[bytes]:
         """The records at ``indices``, in that order: records that follow each other in a file and in
         ``indices`` are read with one call (up to :data:`MAX_JOINED_READ` bytes), each still CRC-checked alone."""
         located = [self._where(index) for index in indices]
         return read_indexed(self._read_at, self.paths, self._index, [f for f, _ in located], [k for _, k in located],
-                            MAX_JOINED_READ)
+                            MAX_JOINED_READ, check=self._check)
 
     __getitems__ = _getitems
 
     def _read_at(self, f: int, offset: int, size: int) -> bytes:
         return self._file(f).read_at(offset, size)
+
+    def _check(self, runs) -> None:
+        check_versions(runs, self._file)
 
     def __repr__(self) -> str:
         # Grain's DataLoader keeps this in its checkpoints to check a restore against: stable, and short.

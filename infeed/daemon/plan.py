@@ -20,7 +20,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import indexed_runs, unframe_runs
+from infeed.tfrecord.index import check_versions, indexed_runs, open_indexed, unframe_runs
 
 count_read = _tfrecord.count_read
 
@@ -362,7 +362,9 @@ INDEXED_BATCHES_AHEAD = 1
 
 class IndexedFiles:
     """Reads records of an epoch's files by their indexes' offsets (records adjacent in a file with one read),
-    checking both CRCs of each, one open file per path. Remote files (URIs) are read with a batch's reads in
+    checking both CRCs of each and its data CRC against the index's (a file rewritten since it was indexed is a
+    :class:`~infeed.errors.SourceChangedError`; through a version-1 index, one that changed since it was opened,
+    looked up after each batch's reads), one open file per path. Remote files (URIs) are read with a batch's reads in
     flight at once (on the reader's pool of threads) and started before they are needed (:meth:`start`, then
     :meth:`finish`); the time the worker waits for them, and their bytes, count as the stage ``read``."""
 
@@ -390,6 +392,7 @@ class IndexedFiles:
             datas = [self._handle(run.file).read_at(run.base, run.size) for run in runs]
         else:
             datas = [future.result() for future in futures]
+        check_versions(runs, self._handle)
         count_read(time.monotonic_ns() - began, sum(map(len, datas)))
         return unframe_runs(runs, datas, self._paths, views=True)
 
@@ -406,9 +409,7 @@ class IndexedFiles:
     def _handle(self, f: int):
         handle = self._open.get(f)
         if handle is None:
-            from infeed.tfrecord.reader import open_random_access
-
-            handle = self._open[f] = open_random_access(self._paths[f])
+            handle = self._open[f] = open_indexed(self._paths[f], self._indexes[f])
         return handle
 
     def close(self) -> None:

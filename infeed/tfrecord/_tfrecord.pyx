@@ -21,7 +21,7 @@ import logging
 import os
 import time
 
-from infeed.errors import CompressedStreamError, CorruptRecordError, located_os_error
+from infeed.errors import CompressedStreamError, CorruptRecordError, SourceChangedError, located_os_error
 
 cdef extern from "_crc32c.h":
     uint32_t infeed_crc32c_extend(uint32_t crc, const uint8_t *data, size_t n) nogil
@@ -240,15 +240,26 @@ cdef int _check_frame(const uint8_t *p, Py_ssize_t avail, str path, int64_t reco
 
 
 def unframe_run(run, str path, int64_t first_index, int64_t base, const int64_t[::1] offsets,
-                const int64_t[::1] lengths, bint views=False):
+                const int64_t[::1] lengths, bint views=False, data_crcs=None):
     """The data of records ``first_index``, ``first_index + 1``, ... of ``path``, read in one piece from
     offset ``base`` (``run``): record ``first_index + i`` starts at ``offsets[i]`` with ``lengths[i]`` data
     bytes (from an index). Each is checked (its header against the index, both CRCs); a read cut short is
-    ``truncated_data`` naming the first record it cuts. ``views``: memoryviews into ``run`` rather than bytes (no copy)."""
+    ``truncated_data`` naming the first record it cuts. ``views``: memoryviews into ``run`` rather than bytes (no copy).
+
+    ``data_crcs`` (uint32, from a version-2 index): each record's data CRC as its footer held it when the file was
+    indexed. A record whose own CRCs verify but whose data CRC is another is a record of another version of the
+    file: :class:`~infeed.errors.SourceChangedError`, never a record mixed into the batch."""
     cdef const uint8_t[::1] b = run
     cdef Py_ssize_t n = b.shape[0], i, at, count = offsets.shape[0]
+    cdef const uint32_t[::1] crcs
+    cdef bint pinned = data_crcs is not None
+    cdef uint32_t stored
     if lengths.shape[0] != count:
         raise ValueError(f"{count} offsets and {lengths.shape[0]} lengths")
+    if pinned:
+        crcs = data_crcs
+        if crcs.shape[0] != count:
+            raise ValueError(f"{count} offsets and {crcs.shape[0]} data CRCs")
     whole = memoryview(run) if views else None
     cdef list out = []
     for i in range(count):
@@ -256,6 +267,10 @@ def unframe_run(run, str path, int64_t first_index, int64_t base, const int64_t[
         if at < 0 or at >= n:      # nothing read there: refused before anything is read
             _check_frame(NULL, 0, path, first_index + i, offsets[i], lengths[i])
         _check_frame(&b[0] + at, n - at, path, first_index + i, offsets[i], lengths[i])
+        if pinned:
+            stored = load_u32(&b[0] + at + HEADER + lengths[i])
+            if stored != crcs[i]:
+                raise SourceChangedError(path, crcs[i], stored, offsets[i], first_index + i)
         if views:
             out.append(whole[at + HEADER:at + HEADER + lengths[i]])
         else:

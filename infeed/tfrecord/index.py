@@ -3,15 +3,24 @@
 The sidecar is little-endian binary: a 40-byte header (``<8sIIQQI4x``: magic
 ``INFEEDIX``, version, flags, the data file's size, the record count, the CRC32C
 of the payload), then the payload: one uint64 per record, the byte offset of its
-header. Lengths follow from the offsets and the file size, since each record is
+header, and (version 2) one uint32 per record, its data CRC as the record's footer
+holds it. Lengths follow from the offsets and the file size, since each record is
 framed by 12 header and 4 footer bytes. A sidecar is untrusted input: every field
 is checked on load, and one that does not describe the data file as it is now
 raises :class:`~infeed.errors.IndexFileError`.
+
+The data CRCs pin each record's content: a record read through the index whose data
+CRC is not the one indexed (the file rewritten in place, an object replaced by
+another of the same layout) is a :class:`~infeed.errors.SourceChangedError`, never
+a record of another version mixed into a batch. Version-1 sidecars (no CRCs) are
+still read; reads through them pin the file's size and modification time at open
+and look the file up again after each batch's reads (:func:`check_versions`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import struct
@@ -24,18 +33,24 @@ from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.names import path_str, split_query, with_suffix
 from infeed.tfrecord.filesystems import filesystem_for
-from infeed.tfrecord.reader import _EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output, read_records
+from infeed.tfrecord.reader import (_EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output,
+                                    open_random_access, read_records)
 
-__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "IndexedRun", "RecordIndex", "build_index", "index_path", "indexed_runs",
-           "is_index_file", "load_index", "read_indexed", "unframe_runs", "write_index"]
+__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "IndexedRun", "RecordIndex", "build_index", "check_versions",
+           "index_path", "indexed_runs", "is_index_file", "load_index", "open_indexed", "read_indexed", "unframe_runs",
+           "write_index"]
 
 INDEX_SUFFIX = ".index"
 MAGIC = b"INFEEDIX"
-VERSION = 1
+#: The version written; :func:`load_index` reads every one of READ_VERSIONS.
+VERSION = 2
+READ_VERSIONS = (1, 2)
 _HEADER = struct.Struct("<8sIIQQI4x")
 _FRAMING = 16                      # 8-byte length, its 4-byte CRC, and the data's 4-byte CRC
 #: The most bytes :func:`read_indexed` reads with one call for records adjacent in a file.
 MAX_JOINED_READ = 8 << 20
+
+_log = logging.getLogger("infeed")
 
 
 class RecordIndex(NamedTuple):
@@ -45,6 +60,9 @@ class RecordIndex(NamedTuple):
     file_size: int                 #: its size in bytes when indexed
     offsets: np.ndarray            #: int64 [N]: byte offset of each record's header
     lengths: np.ndarray            #: int64 [N]: each record's data length (it spans 16 more bytes)
+    #: uint32 [N]: each record's data CRC (masked, as its footer holds it) when indexed; None from a version-1
+    #: sidecar, which pins only the file's size.
+    data_crcs: np.ndarray | None = None
 
     @property
     def count(self) -> int:
@@ -73,14 +91,17 @@ def build_index(path) -> RecordIndex:
     """
     path = path_str(path)
     _refuse_compressed(path)
-    offsets, lengths = [], []
+    offsets, lengths, crcs = [], [], []
+    masked_crc32c = _tfrecord.masked_crc32c
     with read_records(path, compression=None) as reader:
         offset = reader.tell()
         for record in reader:
             offsets.append(offset)
             lengths.append(len(record))
+            crcs.append(masked_crc32c(record))
             offset = reader.tell()
-    return RecordIndex(path, offset, np.array(offsets, np.int64), np.array(lengths, np.int64))
+    return RecordIndex(path, offset, np.array(offsets, np.int64), np.array(lengths, np.int64),
+                       np.array(crcs, np.uint32))
 
 
 def _refuse_compressed(path: str) -> None:
@@ -95,9 +116,10 @@ def _refuse_compressed(path: str) -> None:
 
 
 def write_index(index: RecordIndex, dest=None) -> str:
-    """Writes ``index`` atomically to ``dest`` (default: its sidecar path); returns where.
+    """Writes ``index`` atomically to ``dest`` (default: its sidecar path); returns where: version 2, or
+    version 1 for an index without ``data_crcs``.
 
-    Raises ValueError when the offsets, lengths and file size do not fit together.
+    Raises ValueError when the offsets, lengths, data CRCs and file size do not fit together.
     """
     if not isinstance(index, RecordIndex):
         raise TypeError(f"index must be a RecordIndex (from build_index or load_index), got {index!r:.80}")
@@ -110,8 +132,14 @@ def write_index(index: RecordIndex, dest=None) -> str:
     if not np.array_equal(lengths, index.lengths):
         raise ValueError(f"{index.path}: refusing to write an inconsistent index: "
                          "its lengths do not match the gaps between its offsets")
-    payload = offsets.astype("<u8").tobytes()
-    header = _HEADER.pack(MAGIC, VERSION, 0, index.file_size, len(offsets), _tfrecord.crc32c(payload))
+    payload, version = offsets.astype("<u8").tobytes(), 1
+    if index.data_crcs is not None:
+        crcs = np.asarray(index.data_crcs)
+        if crcs.shape != offsets.shape or not np.array_equal(crcs.astype(np.uint32), crcs):
+            raise ValueError(f"{index.path}: refusing to write an inconsistent index: its data CRCs are not one "
+                             f"uint32 per record ({crcs.shape} for {len(offsets)} records)")
+        payload, version = payload + crcs.astype("<u4").tobytes(), VERSION
+    header = _HEADER.pack(MAGIC, version, 0, index.file_size, len(offsets), _tfrecord.crc32c(payload))
     _write_atomically(dest, header + payload)
     return dest
 
@@ -164,18 +192,20 @@ def load_index(path) -> RecordIndex | None:
         magic, version, flags, file_size, count, crc = _HEADER.unpack(raw)
         if magic != MAGIC:
             raise IndexFileError(sidecar, f"bad magic {magic!r}, expected {MAGIC!r}")
-        if version != VERSION:
-            raise IndexFileError(sidecar, f"version {version}, this infeed reads version {VERSION}")
+        if version not in READ_VERSIONS:
+            raise IndexFileError(sidecar, f"version {version}, this infeed reads versions {READ_VERSIONS}")
         if flags != 0:
             raise IndexFileError(sidecar, f"unknown flags {flags:#x}")
         payload = stream.read()
-    if len(payload) != 8 * count:
+    per_record = 8 if version == 1 else 12
+    if len(payload) != per_record * count:
         raise IndexFileError(sidecar, f"truncated or oversized: {_HEADER.size + len(payload)} bytes where "
-                                      f"{count} records need {_HEADER.size + 8 * count}")
+                                      f"{count} records need {_HEADER.size + per_record * count}")
     computed = _tfrecord.crc32c(payload)
     if computed != crc:
         raise IndexFileError(sidecar, f"payload CRC32C mismatch: stored {crc:#010x}, computed {computed:#010x}")
-    offsets = np.frombuffer(payload, "<u8")
+    offsets = np.frombuffer(payload, "<u8", count)
+    crcs = None if version == 1 else np.frombuffer(payload, "<u4", count, 8 * count).astype(np.uint32)
     try:
         lengths = _lengths(offsets, file_size)
     except ValueError as e:
@@ -184,7 +214,7 @@ def load_index(path) -> RecordIndex | None:
     stream.close()
     if size != file_size:
         raise IndexFileError(sidecar, f"stale: built for {file_size} bytes of {path}, which now has {size}")
-    return RecordIndex(path, file_size, offsets.astype(np.int64), lengths)
+    return RecordIndex(path, file_size, offsets.astype(np.int64), lengths, crcs)
 
 
 def _lengths(offsets: np.ndarray, file_size: int) -> np.ndarray:
@@ -218,13 +248,15 @@ def _lengths(offsets: np.ndarray, file_size: int) -> np.ndarray:
 
 class IndexedRun(NamedTuple):
     """One read of :func:`indexed_runs`: ``size`` bytes at ``base`` of file ``file``, holding its records
-    ``first``, ``first + 1``, ... at ``offsets`` (``lengths`` long, framing aside)."""
+    ``first``, ``first + 1``, ... at ``offsets`` (``lengths`` long, framing aside; ``data_crcs`` their data CRCs
+    as indexed, None from a version-1 index)."""
     file: int
     first: int
     base: int
     size: int
     offsets: np.ndarray
     lengths: np.ndarray
+    data_crcs: np.ndarray | None = None
 
 
 def indexed_runs(index_of: Callable[[int], RecordIndex], files, records,
@@ -241,6 +273,7 @@ def indexed_runs(index_of: Callable[[int], RecordIndex], files, records,
         f, k = int(files[a]), int(records[a])
         index = index_of(f)
         offsets, lengths = index.offsets[k:k + b - a], index.lengths[k:k + b - a]
+        crcs = None if index.data_crcs is None else index.data_crcs[k:k + b - a]
         ends = offsets + lengths + _FRAMING
         first = 0
         while first < b - a:
@@ -248,24 +281,54 @@ def indexed_runs(index_of: Callable[[int], RecordIndex], files, records,
                 max(first + 1, int(np.searchsorted(ends, offsets[first] + max_joined, side="right")))
             base = int(offsets[first])
             runs.append(IndexedRun(f, k + first, base, int(ends[last - 1]) - base, offsets[first:last],
-                                   lengths[first:last]))
+                                   lengths[first:last], None if crcs is None else crcs[first:last]))
             first = last
     return runs
 
 
 def unframe_runs(runs: Sequence[IndexedRun], datas: Sequence, paths: Sequence[str], views: bool = False) -> list:
     """The records of ``runs`` from what their reads gave (``datas``, in the same order), each checked alone (its
-    header against the index, both CRCs): damage is a :class:`~infeed.CorruptRecordError` naming the file, the
-    record and its byte offset."""
+    header against the index, both CRCs, and its data CRC against the one indexed where the index has them):
+    damage is a :class:`~infeed.CorruptRecordError`, a record of another version of the file a
+    :class:`~infeed.errors.SourceChangedError`, each naming the file, the record and its byte offset."""
     out: list = []
     for run, data in zip(runs, datas):
-        out += _tfrecord.unframe_run(data, paths[run.file], run.first, run.base, run.offsets, run.lengths, views)
+        out += _tfrecord.unframe_run(data, paths[run.file], run.first, run.base, run.offsets, run.lengths, views,
+                                     run.data_crcs)
     return out
+
+
+def open_indexed(path, index: RecordIndex):
+    """``open_random_access(path)`` for reads through ``index``, pinned as the file is now (its size and
+    modification time; ``check_unchanged``); :class:`~infeed.errors.IndexFileError` when its size is no longer
+    the size indexed (stale), before anything is read."""
+    handle = open_random_access(path)
+    size = handle.version[0]
+    if size is not None and size != index.file_size:
+        handle.close()
+        raise IndexFileError(index_path(path), f"stale: built for {index.file_size} bytes of {path}, "
+                                               f"which now has {size}")
+    if index.data_crcs is None:
+        _log.warning("%s: its index is version 1, with no record CRCs: the file is looked up again after each "
+                     "batch's reads to see it unchanged; `infeed index` writes version 2, which checks each record "
+                     "instead", path)
+    return handle
+
+
+def check_versions(runs: Sequence[IndexedRun], handle_of: Callable) -> None:
+    """After the reads of ``runs``: each file read through a version-1 index (no record CRCs) is looked up again,
+    once, and :class:`~infeed.errors.SourceChangedError` raised where it is no longer the version opened."""
+    seen = set()
+    for run in runs:
+        if run.data_crcs is None and run.file not in seen:
+            seen.add(run.file)
+            handle_of(run.file).check_unchanged(run.base)
 
 
 def read_indexed(read_at: Callable[[int, int, int], bytes], paths: Sequence[str],
                  index_of: Callable[[int], RecordIndex], files, records,
-                 max_joined: int = MAX_JOINED_READ, views: bool = False) -> list:
+                 max_joined: int = MAX_JOINED_READ, views: bool = False,
+                 check: Callable[[list], None] | None = None) -> list:
     """The data of record ``records[i]`` of file ``files[i]`` (numbers into ``paths``), in that order: bytes,
     or with ``views`` memoryviews into the reads (no copy; they keep their read alive).
 
@@ -273,7 +336,11 @@ def read_indexed(read_at: Callable[[int, int, int], bytes], paths: Sequence[str]
     one ``read_at(file, offset, size)`` (up to ``max_joined`` bytes), each still
     checked alone (its header against the index, both CRCs): damage is a
     :class:`~infeed.CorruptRecordError` naming the file, the record and its
-    byte offset.
+    byte offset. ``check(runs)``, where given, is called once the reads are done and before any record is
+    handed out (:func:`check_versions`).
     """
     runs = indexed_runs(index_of, files, records, max_joined)
-    return unframe_runs(runs, [read_at(run.file, run.base, run.size) for run in runs], paths, views)
+    datas = [read_at(run.file, run.base, run.size) for run in runs]
+    if check is not None:
+        check(runs)
+    return unframe_runs(runs, datas, paths, views)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import datetime
 import errno
 import logging
 import operator
@@ -98,9 +99,7 @@ class _RemoteInput:
     same second at the same size, the modification time's granularity on S3, goes unseen.)"""
 
     def __init__(self, fs, inner: str, uri: str, info):
-        self._fs, self._inner, self._uri = fs, inner, uri
-        self._pinned = (info.size, info.mtime)
-        self._file = _ArrowRandomAccess(fs, inner, uri)
+        self._file = _ArrowRandomAccess(fs, inner, uri, info)
         self._size = info.size                            # None: read until a range comes back short
         self._requested = 0                               # the offset of the next range to request
         self._pending: collections.deque = collections.deque()
@@ -115,20 +114,9 @@ class _RemoteInput:
 
     def _read_unchanged(self, offset: int, n: int) -> bytes:
         """``n`` bytes at ``offset``, read while the file was as pinned (checked after the read)."""
-        try:
-            data = self._file.read_at(offset, n)
-        except FileNotFoundError:
-            self._check_unchanged(offset)    # GCS reads the generation opened: replaced, it is "not found"
-            raise
-        self._check_unchanged(offset)
+        data = self._file.read_at(offset, n)
+        self._file.check_unchanged(offset)
         return data
-
-    def _check_unchanged(self, offset: int) -> None:
-        import pyarrow.fs as pafs
-
-        info = _retrying(lambda: self._fs.get_file_info(self._inner), self._uri, "checking the file is unchanged")
-        if info.type != pafs.FileType.NotFound and (info.size, info.mtime) != self._pinned:
-            raise SourceChangedError(self._uri, self._pinned, (info.size, info.mtime), offset)
 
     def readinto(self, view) -> int:
         if not self._chunk:
@@ -220,9 +208,21 @@ def _located(error: OSError, path: str, offset: int, n: int) -> OSError:
 
 
 class _LocalRandomAccess:
+    """Reads at offsets of a local file, pinned as it was when opened: ``version``, its (size, modification
+    time); :meth:`check_unchanged` raises :class:`~infeed.errors.SourceChangedError` once it was written since.
+    (A file replaced by another under its name is not: the open file is still the one pinned.)"""
+
     def __init__(self, path: str):
         self._path = path
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(self._fd)
+        self._key, self.version = (st.st_size, st.st_mtime_ns), _local_version(st)
+
+    def check_unchanged(self, offset: int) -> None:
+        """SourceChangedError (naming ``offset``, the read that found it) when the file is no longer as pinned."""
+        st = os.fstat(self._fd)
+        if (st.st_size, st.st_mtime_ns) != self._key:
+            raise SourceChangedError(self._path, self.version, _local_version(st), offset)
 
     def read_at(self, offset: int, n: int) -> bytes:
         try:
@@ -236,17 +236,41 @@ class _LocalRandomAccess:
             self._fd = -1
 
 
+def _local_version(st: os.stat_result) -> tuple:
+    return st.st_size, datetime.datetime.fromtimestamp(st.st_mtime_ns / 1e9, datetime.timezone.utc)
+
+
 class _ArrowRandomAccess:
     """Reads at offsets of a remote file, each failed read retried on the file opened afresh; safe to call from
-    several threads at once (pyarrow's files read at offsets concurrently)."""
+    several threads at once (pyarrow's files read at offsets concurrently).
 
-    def __init__(self, fs, inner: str, uri: str):
+    The file is pinned as it was when opened (``version``: its size and modification time, from ``info`` where
+    the caller looked it up already): :meth:`check_unchanged` raises :class:`~infeed.errors.SourceChangedError`
+    once it is another. (pyarrow gives neither S3's ETag nor GCS's generation; a replacement within the same
+    second at the same size, the modification time's granularity on S3, goes unseen by this check.)"""
+
+    def __init__(self, fs, inner: str, uri: str, info=None):
         self._fs = fs
         self._inner = inner
         self._uri = uri
         self._lock = threading.Lock()
         self._closed = False
+        if info is None:
+            info = self._look_up()
+        self.version = (info.size, info.mtime)
         self._file = _retrying(lambda: fs.open_input_file(inner), uri, "opening the file")
+
+    def _look_up(self):
+        return _retrying(lambda: self._fs.get_file_info(self._inner), self._uri, "looking the file up")
+
+    def check_unchanged(self, offset: int) -> None:
+        """SourceChangedError (naming ``offset``, the read that found it) when the file is no longer as pinned;
+        a file gone since is left to the reads (they find it gone)."""
+        import pyarrow.fs as pafs
+
+        info = self._look_up()
+        if info.type != pafs.FileType.NotFound and (info.size, info.mtime) != self.version:
+            raise SourceChangedError(self._uri, self.version, (info.size, info.mtime), offset)
 
     def _opened(self):
         with self._lock:
@@ -275,8 +299,17 @@ class _ArrowRandomAccess:
             except OSError:
                 self._drop(f)        # a file after an error is in no known state: reopen it
                 raise
+            except ValueError:       # pyarrow's "closed file": dropped by another thread's failed read meanwhile
+                with self._lock:
+                    dropped = self._file is not f
+                if dropped:
+                    raise OSError(errno.EIO, "the file was closed after another read's error") from None
+                raise
         try:
             return _retrying(attempt, self._uri, f"read at byte {offset}")
+        except FileNotFoundError as e:
+            self.check_unchanged(offset)    # GCS reads the generation opened: replaced, it is "not found"
+            raise _located(e, self._uri, offset, n) from e
         except OSError as e:
             raise _located(e, self._uri, offset, n) from e
 

@@ -247,3 +247,29 @@ def test_an_object_replaced_while_it_is_read_is_a_named_error_never_mixed_record
                 got.append(record)
     assert changed.value.path == path and changed.value.before[0] != changed.value.after[0]
     assert got == records[:len(got)]                           # what came before the error: the old version only
+
+
+@pytest.mark.parametrize("shuffle", [dict(shuffle="global"), dict(shuffle_buffer=64)], ids=["global", "buffer"])
+def test_an_indexed_object_replaced_by_one_of_the_same_layout_is_a_source_change_never_mixed(folder, shuffle):
+    """The red team's case: 400 records indexed with ``infeed index``, read by one worker; after batch 3 the object
+    is overwritten by a version of the same record sizes and other values (every CRC of it valid)."""
+    def version(v):
+        return [infeed.encode_example({"x": [float(i), float(v), 0.5], "label": [i]}) for i in range(400)]
+
+    (path,) = write_shards(folder, count=1, records=version(1))
+    assert main(["index", path]) == 0
+    ds = infeed.Dataset(path, SPEC, batch_size=8, seed=5, **shuffle)
+    got = []
+    with infeed.Daemon(ds, num_workers=1, slots=2, lock_memory=False, timeout=60) as feed:
+        with pytest.raises(infeed.SourceChangedError) as changed:
+            for batch in feed:
+                got.append(np.array(batch["x"]))
+                if len(got) == 3:
+                    write_shards(folder, count=1, records=version(2))
+    got = np.concatenate(got)
+    assert 24 <= len(got) < 400 and (got[:, 1] == 1).all()     # version 1 alone, up to the error
+    assert changed.value.path == path
+    if changed.value.record_index is not None:                 # a record of the new version, by its CRC
+        assert changed.value.offset == int(load_index(path).offsets[changed.value.record_index])
+    else:                                                       # GCS: the generation opened is gone
+        assert changed.value.before != changed.value.after

@@ -54,12 +54,52 @@ def test_offsets_and_lengths_follow_the_framing_and_read_the_records(tmp_path):
     assert read == list(infeed.read_records(path)) == RECORDS
 
 
-def test_the_sidecar_is_a_small_header_and_one_uint64_per_record(tmp_path):
+def test_the_sidecar_is_a_small_header_one_uint64_offset_and_one_uint32_data_crc_per_record(tmp_path):
     path = _write(tmp_path / "d.tfrecord")
     raw = Path(write_index(build_index(path))).read_bytes()
     magic, version, flags, size, count, crc = HEADER.unpack_from(raw)
-    assert (magic, version, flags, size, count) == (b"INFEEDIX", 1, 0, os.path.getsize(path), len(RECORDS))
-    assert len(raw) == HEADER.size + 8 * count and crc == _tfrecord.crc32c(raw[HEADER.size:])
+    assert (magic, version, flags, size, count) == (b"INFEEDIX", 2, 0, os.path.getsize(path), len(RECORDS))
+    assert len(raw) == HEADER.size + 12 * count and crc == _tfrecord.crc32c(raw[HEADER.size:])
+    crcs = np.frombuffer(raw, "<u4", count, HEADER.size + 8 * count)
+    assert crcs.tolist() == [_tfrecord.masked_crc32c(r) for r in RECORDS]        # as each record's footer holds it
+    assert load_index(path).data_crcs.tolist() == crcs.tolist()
+
+
+def test_a_version_1_sidecar_without_data_crcs_is_still_read_and_written(tmp_path):
+    path = _write(tmp_path / "d.tfrecord")
+    index = build_index(path)
+    raw = Path(write_index(index._replace(data_crcs=None))).read_bytes()
+    assert HEADER.unpack_from(raw)[1] == 1 and len(raw) == HEADER.size + 8 * len(RECORDS)
+    loaded = load_index(path)
+    assert loaded.data_crcs is None and np.array_equal(loaded.offsets, index.offsets)
+    paths = [path]
+    with open(path, "rb") as f:
+        data = f.read()
+    assert read_indexed(lambda f, o, n: data[o:o + n], paths, [loaded].__getitem__, [0] * 6, range(6)) == RECORDS
+
+
+def test_a_record_rewritten_in_place_after_indexing_is_a_source_change_never_its_new_value(tmp_path):
+    path = _write(tmp_path / "d.tfrecord")
+    index = build_index(path)
+    data = bytearray(Path(path).read_bytes())
+    k = 2                                                  # same length, other bytes, both CRCs valid
+    other = infeed.encode_example({"x": [9] * 7, "id": b"r7"})
+    assert len(other) == len(RECORDS[k]) and other != RECORDS[k]
+    start = int(index.offsets[k])
+    data[start:start + 16 + len(other)] = _tfrecord.frame(other)
+    read_at = lambda f, o, n: bytes(data[o:o + n])
+    assert read_indexed(read_at, [path], [index].__getitem__, [0, 0], [0, 1]) == RECORDS[:2]
+    with pytest.raises(infeed.SourceChangedError) as caught:
+        read_indexed(read_at, [path], [index].__getitem__, [0] * 4, range(4))
+    e = caught.value
+    assert (e.path, e.record_index, e.offset) == (path, k, start)
+    assert (e.before, e.after) == (_tfrecord.masked_crc32c(RECORDS[k]), _tfrecord.masked_crc32c(other))
+    assert f"{path}: record 2 at byte offset {start} is not the record indexed" in str(e)
+    assert "index it again" in str(e)
+    with pytest.raises(infeed.SourceChangedError):         # through the same index without the CRCs: unseen here,
+        read_indexed(read_at, [path], [index].__getitem__, [0], [k])
+    v1 = index._replace(data_crcs=None)                    # which is why reads through it look the file up again
+    assert read_indexed(read_at, [path], [v1].__getitem__, [0], [k]) == [other]
 
 
 def test_an_empty_file_indexes_to_no_records(tmp_path):
@@ -91,9 +131,9 @@ def test_a_sidecar_of_a_file_that_changed_size_is_stale(tmp_path):
 
 
 def _with_offsets(raw: bytes, offsets) -> bytes:
-    """The sidecar ``raw`` holding ``offsets`` instead, with its count and CRC made to match."""
+    """The sidecar ``raw`` holding ``offsets`` instead (and as many data CRCs), with its count and CRC made to match."""
     magic, version, flags, size, _, _ = HEADER.unpack_from(raw)
-    payload = np.array(offsets, "<u8").tobytes()
+    payload = np.array(offsets, "<u8").tobytes() + np.zeros(len(offsets), "<u4").tobytes()
     return HEADER.pack(magic, version, flags, size, len(offsets), _tfrecord.crc32c(payload)) + payload
 
 
@@ -103,7 +143,7 @@ def _flip(raw: bytes, at: int) -> bytes:
 
 @pytest.mark.parametrize("damage, problem", [
     (lambda raw, offs: b"NOTINDEX" + raw[8:], "bad magic"),
-    (lambda raw, offs: raw[:8] + struct.pack("<I", 2) + raw[12:], "version 2"),
+    (lambda raw, offs: raw[:8] + struct.pack("<I", 3) + raw[12:], r"version 3, this infeed reads versions \(1, 2\)"),
     (lambda raw, offs: raw[:20], "truncated header"),
     (lambda raw, offs: raw[:-3], "truncated or oversized"),
     (lambda raw, offs: raw + b"\0" * 8, "truncated or oversized"),
@@ -134,6 +174,10 @@ def test_an_inconsistent_index_is_not_written(tmp_path):
         write_index(index._replace(offsets=index.offsets[[0, 2, 1, 3, 4, 5]]))
     with pytest.raises(ValueError, match="no records, but the file has"):
         write_index(RecordIndex(index.path, index.file_size, np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    with pytest.raises(ValueError, match="inconsistent index: its data CRCs are not one uint32 per record"):
+        write_index(index._replace(data_crcs=index.data_crcs[:-1]))
+    with pytest.raises(ValueError, match="inconsistent index: its data CRCs"):
+        write_index(index._replace(data_crcs=index.data_crcs.astype(np.int64) - 2**40))
     assert not os.path.exists(index_path(index.path))
 
 
