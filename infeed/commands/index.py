@@ -1,8 +1,10 @@
 """``infeed index FILES...``: writes a record-offset sidecar (``FILE.index``) beside each TFRecord file.
 
 A file whose sidecar loads (intact and matching the file's size) is left alone
-unless ``--force``; a missing, damaged or stale one is rebuilt. Indexing reads
-every record and checks both CRCs, so it also validates the files.
+unless ``--force``; a missing, damaged or stale one is rebuilt, and so is one of
+version 1 (no record CRCs: reads through it must look the file up after each
+batch). Indexing reads every record and checks both CRCs, so it also validates
+the files.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def index_file(path: str, force: bool = False) -> dict:
             index = load_index(path)
         except IndexFileError as e:
             index, replaced = None, e.problem
+        if index is not None and index.data_crcs is None:
+            index, replaced = None, "version 1, without record CRCs"
         if index is not None:
             return {"path": path, "records": index.count, "bytes": index.file_size, "status": "up to date"}
     start = time.perf_counter()

@@ -292,6 +292,13 @@ def test_cli_force_rebuilds_and_a_stale_sidecar_is_replaced(shards, capsys):
     assert "indexed in" in capsys.readouterr().out
 
 
+def test_cli_rebuilds_a_version_1_sidecar_as_version_2(shards, capsys):
+    write_index(build_index(shards[0])._replace(data_crcs=None))
+    assert main(["index", shards[0]]) == 0
+    assert "replaced an unusable index: version 1, without record CRCs" in capsys.readouterr().out
+    assert load_index(shards[0]).data_crcs is not None
+
+
 def test_cli_json_lists_one_entry_per_file(shards, capsys):
     assert main(["index", "--json", *shards]) == 0
     report = json.loads(capsys.readouterr().out)
