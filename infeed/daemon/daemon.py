@@ -115,6 +115,8 @@ class Daemon(Feed):
                            max_workers=num_workers, lock_memory=lock_memory, meta=meta)
         ring.count_taken(-1, start, 0)
         self._procs: list = []
+        #: Workers killed or crashed owing no batch: the first batch not published when each was seen dead.
+        self._lost_at: dict[int, int] = {}
         try:
             self._procs = start_workers(ring, dataset, num_workers, start)
         except BaseException:
@@ -131,35 +133,60 @@ class Daemon(Feed):
         return self._procs[k].pid
 
     def _check_workers(self, seq: int) -> None:
-        """Raises when the worker that owes batch ``seq`` ended without it.
+        """Raises when a worker that ended keeps batch ``seq`` from coming; returns while it may still come.
 
-        Units are dealt to whichever worker is free (``Ring.take_unit``): the worker that owes ``seq`` is the
-        one whose claim it is, or one that died while taking a unit; where every worker has ended, the first
-        that did not end cleanly (or any) owes it. So a worker's death surfaces at the first batch it did not
-        deliver (the batches delivered before are good): :class:`~infeed.WorkerDied` with the signal or exit
-        status for a process killed or crashed, the worker's own exception (with its traceback) for one that
-        failed and said why.
+        By the claims in the ring (``Ring.worker_claims``: units are dealt to whichever worker is free), the
+        worker to blame is one that ended owing ``seq``, or one that ended holding ``seq``'s slot, taken before
+        its turn. A batch published in its slot is handed out whoever has died since, and a worker that ended
+        owing only later batches fails none before them (the others deliver those). A worker killed or crashed
+        owing no batch (none taken, or it died taking one, or it never registered: its entry is zeros, not
+        claims) fails the input at the first check at or past the first batch not yet published when its
+        death was first seen. Where every worker has ended, the first that did not end cleanly (or any) owes
+        ``seq``. So a death surfaces after every good batch before it: :class:`~infeed.WorkerDied` with the
+        signal or exit status for a process killed or crashed, the worker's own exception (with its
+        traceback) for one that failed and said why.
         """
         codes = [p.poll() for p in self._procs]
-        crashed = [k for k, code in enumerate(codes) if code not in (None, 0, REPORTED_ERROR)]
-        if not crashed and self.ring.slot_state(seq % self.ring.slots) == ("filled", seq):
+        if all(code is None for code in codes):
             return
-        owner = None
-        for k, code in enumerate(codes):
-            if code is not None and {seq, CLAIMING} & set(self.ring.worker_claims(k)):
-                owner = k
-                break
-        if owner is None and crashed:      # killed or crashed owing no batch yet: the input has lost a worker
-            owner = crashed[0]
+        ring, slots = self.ring, self.ring.slots
+        # The claims before the slots: a worker publishes a unit, then drops its claim.
+        pids = {w["index"]: w["pid"] for w in ring.workers()}        # registered workers only
+        claims = {k: [u for u in ring.worker_claims(k) if u >= seq or u == CLAIMING] for k in pids}
+        state, last = ring.slot_state(seq % slots)
+        filled = (state, last) == ("filled", seq)
+        ended = [k for k, code in enumerate(codes) if code is not None]
+        crashed = [k for k in ended if codes[k] not in (0, REPORTED_ERROR)]
+        for k in crashed:
+            if k not in self._lost_at and (k not in pids or not claims[k] or CLAIMING in claims[k]):
+                first = seq         # owing no batch: the first batch not published now is the first it fails
+                while first < seq + slots and ring.slot_state(first % slots) == ("filled", first):
+                    first += 1
+                self._lost_at[k] = first
+        owner = next((k for k, first in self._lost_at.items() if first <= seq), None)
+        if owner is not None:
+            how = ("never registered" if owner not in pids else "died taking a batch" if CLAIMING in claims[owner]
+                   else "owed no batch")
+            detail = f"which {how}; the input stops at batch {seq}"
+        elif filled:
+            return
+        else:
+            owner = next((k for k in ended if seq in claims.get(k, ())), None)
+            detail = f"which owed batch {seq}"
+        if owner is None and state == "writing":
+            writer = ring.slot_writer(seq % slots)
+            owner = next((k for k in ended if pids.get(k) == writer), None)
+            detail = f"which held batch {seq}'s slot {seq % slots} out of turn"
         if owner is None:
             if any(code is None for code in codes):
-                return
-            failed = [k for k, code in enumerate(codes) if code != 0]
-            owner = failed[0] if failed else 0
+                return          # seq comes from a live worker: the dead owe later batches
+            failed = [k for k in ended if codes[k] != 0]
+            owner = crashed[0] if crashed else failed[0] if failed else 0
+            detail = f"every worker has ended; batch {seq} is the first not delivered"
         proc, code = self._procs[owner], codes[owner]
         if code not in (0, REPORTED_ERROR):
             raise WorkerDied(proc.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
-                             detail=f"worker {owner}, which owed batch {seq}")
+                             detail=f"worker {owner}, {detail}")
         error = self.ring.error()
         if error is not None:
             error.raise_()

@@ -177,12 +177,36 @@ class Feed:
                 _log.warning("infeed: waited %.1f s so far for %s", waited, self._owed(seq))
 
     def _owner(self, seq: int) -> tuple[int | None, int | None]:
-        """(index, pid or None when not known yet) of the worker that owes batch ``seq``: the one that took
-        it (units are dealt to whichever worker is free); (None, None) while no worker has taken it."""
-        for k in range(self._workers):
-            if seq in self.ring.worker_claims(k):
-                return k, self._worker_pid(k)
-        return None, None
+        """(index, pid or None when not known yet) of the worker that batch ``seq`` waits for: one that holds its
+        slot, taken before its turn (:meth:`_holder`), else the one that took it (units are dealt to whichever
+        worker is free); (None, None) while no worker has taken it."""
+        k = self._holder(seq)
+        if k is None:
+            k = self._claimant(seq)
+        return (None, None) if k is None else (k, self._worker_pid(k))
+
+    def _claimant(self, seq: int) -> int | None:
+        """The worker that took batch ``seq`` and has not published it, by the claims of the registered workers
+        (an entry never registered is zeros, not claims)."""
+        for worker in self.ring.workers():
+            k = worker["index"]
+            if k < self._workers and seq in self.ring.worker_claims(k):
+                return k
+        return None
+
+    def _holder(self, seq: int) -> int | None:
+        """The worker that holds batch ``seq``'s slot for writing when it did not take ``seq``: it took the slot
+        before its turn (``Ring.acquire_turn``) and has not handed it back, stopped or stalled there."""
+        ring = self.ring
+        slot = seq % ring.slots
+        if ring.slot_state(slot)[0] != "writing":
+            return None
+        writer = ring.slot_writer(slot)
+        for worker in ring.workers():
+            k = worker["index"]
+            if worker["pid"] == writer and k < self._workers and seq not in ring.worker_claims(k):
+                return k
+        return None
 
     def _worker_pid(self, k: int) -> int | None:
         for worker in self.ring.workers():
@@ -190,16 +214,22 @@ class Feed:
                 return worker["pid"]
         return None
 
+    def _who(self, k: int) -> str:
+        pid = self._worker_pid(k)
+        return f"worker {k} (not started yet)" if pid is None else f"worker {k} (pid {pid}, {process_state(pid)})"
+
     def _owed(self, seq: int) -> str:
-        """Batch ``seq``, where it goes, and the worker that owes it, with what that process is doing."""
+        """Batch ``seq``, where it goes, and the worker that owes it, with what that process is doing (and the
+        one that holds its slot out of turn, if any)."""
         ring = self.ring
-        k, pid = self._owner(seq)
+        k, holder = self._claimant(seq), self._holder(seq)
         if k is None:
             states = ", ".join(f"{w['index']} (pid {w['pid']}, {process_state(w['pid'])})" for w in ring.workers())
             who = f"no worker yet (none has taken it; workers {states or 'not started yet'})"
         else:
-            who = f"worker {k} (not started yet)" if pid is None else f"worker {k} (pid {pid}, {process_state(pid)})"
-        return f"batch {seq} (slot {seq % ring.slots} of ring {ring.name}) from {who}"
+            who = self._who(k)
+        held = "" if holder is None else f", its slot held out of turn by {self._who(holder)}"
+        return f"batch {seq} (slot {seq % ring.slots} of ring {ring.name}) from {who}{held}"
 
     def _release(self, seq: int) -> None:
         if self._held == seq:

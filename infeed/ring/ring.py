@@ -368,8 +368,8 @@ class Ring:
         self._wait(self._sems + 2 * i * SEM_STRIDE, f"slot {i} to be free", timeout,
                    self.check_owner if check is None else check)
         w = self._slot0 + SLOT_WORDS * i
+        self._q[w + 2] = os.getpid()          # before the state: a "writing" slot names its holder
         self._u32[2 * w] = WRITING
-        self._q[w + 2] = os.getpid()
 
     def acquire_turn(self, unit: int, timeout: float | None = None, check: Callable[[], None] | None = None) -> int:
         """Producer: waits until ``unit``'s slot (``unit mod slots``) is free and its turn, ``unit``'s: the unit
@@ -467,6 +467,12 @@ class Ring:
         """(``"free" | "writing" | "filled" | "reading"``, last batch number) of slot ``i``."""
         t = self._table[self._check_slot(i)]
         return STATE_NAMES.get(int(t["state"]), str(int(t["state"]))), int(t["seq"])
+
+    def slot_writer(self, i: int) -> int:
+        """The pid (as the producer's own ``os.getpid()`` gave it) of the producer that last took slot ``i`` for
+        writing; 0 before any. While the slot is ``"writing"``, the one that holds it: its claimant, or a
+        producer that took it before its turn and has not yet handed it back (:meth:`acquire_turn`)."""
+        return int(self._q[self._slot0 + SLOT_WORDS * self._check_slot(i) + 2])
 
     # liveness ---------------------------------------------------------------------------------
     def register_worker(self, index: int) -> None:

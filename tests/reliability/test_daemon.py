@@ -8,6 +8,7 @@ import resource
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -18,13 +19,16 @@ import pytest
 import infeed
 from infeed import Daemon, Dataset
 from infeed.commands.cli import main as cli_main
+from infeed.daemon import daemon as daemon_module
+from infeed.daemon.feed import Feed
 from infeed.ring import Ring
 from infeed.ring.layout import HEADER
 from infeed.ring.orphans import ring_is_orphan
+from infeed.ring.processes import process_state
 from infeed.ring.segments import SHM_DIR
 
-from .processes import (SPEC, alive, children, read_line, reaper, segment_path, start_trainer,  # noqa: F401
-                        wait_until, write_files)
+from .processes import (ROOT, SPEC, alive, children, read_line, reaper, segment_path,  # noqa: F401
+                        start_trainer, wait_until, write_files)
 
 #: The issue's bounds: a failure reaches the trainer within 10 s, an interrupted trainer is gone within 5 s.
 REPORT_WITHIN, EXIT_WITHIN = 10, 5
@@ -81,6 +85,140 @@ def test_a_killed_or_crashed_worker_raises_worker_died_at_the_first_batch_it_owe
     assert (e.pid, e.signal, e.exitcode) == (victim, sig, None)
     assert f"batch {len(seen)}" in str(e) and signal.Signals(sig).name in str(e)
     assert not any(alive(p) for p in workers)
+
+
+# A worker killed owing a batch past those the others filled: they all come first. Batches 1-3 filled and
+# batch 0 held, units 4 and 5 taken (one by each worker, both waiting for their slot): the trainer, slow (the
+# workers are checked before each batch), must get every batch up to the victim's, then WorkerDied naming it.
+@pytest.mark.parametrize("victim_owes", [4, 5])
+def test_a_worker_killed_owing_a_later_batch_fails_no_batch_the_other_filled(files, victim_owes):
+    ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
+    with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=60) as feed:
+        ring = feed.ring
+        seen = [next(feed)["id"].tolist()]
+
+        def settled():
+            claims = sorted(u for k in range(2) for u in ring.worker_claims(k) if u >= 0)
+            return claims == [4, 5] and all(ring.slot_state(i) == ("filled", i) for i in (1, 2, 3))
+        assert wait_until(settled, 20), [ring.worker_claims(k) for k in range(2)]
+        victim = next(k for k in range(2) if victim_owes in ring.worker_claims(k))
+        os.kill(feed.worker_pids[victim], signal.SIGKILL)
+        with pytest.raises(infeed.WorkerDied) as info:
+            for _ in range(20):
+                time.sleep(0.12)                # a slow trainer: the workers are checked before each batch
+                seen.append(next(feed)["id"].tolist())
+        pid = feed.worker_pids[victim]
+    assert seen == [expected_ids(b) for b in range(victim_owes)]
+    e = info.value
+    assert (e.pid, e.signal) == (pid, signal.SIGKILL)
+    assert f"worker {victim}, which owed batch {victim_owes}" in str(e)
+
+
+def test_a_worker_killed_before_it_registers_fails_no_batch_the_others_filled(files, monkeypatch, reaper):
+    # Worker 1 dies by SIGKILL at once: its entry in the ring stays zeros (claims (0, 0) read as numbers).
+    dying = []
+
+    def start_workers(ring, dataset, workers, start):
+        procs = real_start(ring, dataset, 1, start)
+        dying.append(subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"]))
+        return procs + dying
+    real_start = daemon_module.start_workers
+    monkeypatch.setattr(daemon_module, "start_workers", start_workers)
+    ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
+    with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=60) as feed:
+        ring = feed.ring
+        assert dying[0].wait(20) == -signal.SIGKILL
+        assert wait_until(lambda: all(ring.slot_state(i) == ("filled", i) for i in range(4)), 20)
+        assert [w["index"] for w in ring.workers()] == [0]
+        reaper.pids.append(feed.worker_pids[0])
+        os.kill(feed.worker_pids[0], signal.SIGSTOP)      # batches 0-3 are all there will be
+        seen, info = take_until_error(feed, infeed.WorkerDied)
+    assert seen == [expected_ids(b) for b in range(4)]
+    e = info.value
+    assert (e.pid, e.signal) == (dying[0].pid, signal.SIGKILL)
+    assert "worker 1, which never registered; the input stops at batch 4" in str(e)
+
+
+#: Registers as worker argv[2] of ring argv[1], takes argv[3] units, takes slot argv[4] for writing (before
+#: its turn, in these tests), says so, and sends itself signal argv[5].
+HOLDER = textwrap.dedent("""
+    import os, signal, sys
+    from infeed.ring import Ring
+    ring = Ring.attach(sys.argv[1])
+    index = int(sys.argv[2])
+    ring.register_worker(index)
+    for _ in range(int(sys.argv[3])):
+        ring.take_unit(index)
+    ring.acquire_free(int(sys.argv[4]), timeout=10)
+    print("holding", flush=True)
+    os.kill(os.getpid(), getattr(signal, sys.argv[5]))
+    sys.stdin.read()
+""")
+
+
+def _hold_out_of_turn(reaper, ring, sig: str) -> subprocess.Popen:
+    """Worker 1 takes unit 0 here; worker 0, another process, takes units 1 and 2 and slot 0 (unit 2's, before
+    unit 0's turn), then sends itself ``sig``. Returns worker 0's process."""
+    ring.register_worker(1)
+    assert ring.take_unit(1) == 0
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, ring.name, "0", "2", "0", sig], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    reaper.popens.append(holder)
+    assert read_line(holder, 30).strip() == "holding"
+    assert ring.worker_claims(0) == (1, 2) and ring.slot_state(0)[0] == "writing"
+    return holder
+
+
+def test_a_timeout_names_the_worker_stopped_holding_the_slot_out_of_turn(files, reaper):
+    ds = Dataset(files, SPEC, batch_size=2)
+    with Ring.create(ds.template(), 2, max_workers=2, lock_memory=False) as ring:
+        holder = _hold_out_of_turn(reaper, ring, "SIGSTOP")
+        assert wait_until(lambda: process_state(holder.pid).startswith("stopped"), 10)
+        with pytest.raises(infeed.Timeout) as info:
+            next(Feed(ring, ds, lambda seq: None, timeout=0.3, workers=2))
+    e = info.value
+    assert (e.worker, e.pid) == (0, holder.pid)
+    assert f"from worker 1 (pid {os.getpid()}, " in str(e)
+    assert f"its slot held out of turn by worker 0 (pid {holder.pid}, stopped by a signal" in str(e)
+
+
+def test_a_timeout_reads_no_claim_in_a_worker_entry_never_registered(files):
+    ds = Dataset(files, SPEC, batch_size=2)
+    with Ring.create(ds.template(), 2, max_workers=2, lock_memory=False) as ring:
+        ring.register_worker(1)             # worker 0 never registers: its entry is zeros
+        assert ring.take_unit(1) == 0
+        with pytest.raises(infeed.Timeout) as info:
+            next(Feed(ring, ds, lambda seq: None, timeout=0.2, workers=2))
+    e = info.value
+    assert (e.worker, e.pid) == (1, os.getpid()) and f"from worker 1 (pid {os.getpid()}, " in str(e)
+
+
+class _Proc:
+    def __init__(self, pid: int, code: int | None):
+        self.pid, self.code = pid, code
+
+    def poll(self):
+        return self.code
+
+
+def test_a_worker_killed_holding_the_awaited_slot_out_of_turn_is_named_at_that_batch(files, reaper):
+    # The slot's free token died with it: batch 0 can never be written. A worker killed owing a later
+    # batch and holding no slot fails nothing before it.
+    ds = Dataset(files, SPEC, batch_size=2)
+    with Ring.create(ds.template(), 2, max_workers=2, lock_memory=False) as ring:
+        holder = _hold_out_of_turn(reaper, ring, "SIGKILL")
+        assert holder.wait(10) == -signal.SIGKILL
+        daemon = object.__new__(Daemon)
+        daemon.ring, daemon._lost_at = ring, {}
+        daemon._procs = [_Proc(holder.pid, -signal.SIGKILL), _Proc(os.getpid(), None)]
+        with pytest.raises(infeed.WorkerDied) as info:
+            daemon._check_workers(0)
+        assert info.value.pid == holder.pid and "worker 0, which held batch 0's slot 0 out of turn" in str(info.value)
+        ring.release(0)                     # the slot handed back: worker 0 owes batches 1 and 2 only
+        daemon._check_workers(0)
+        with pytest.raises(infeed.WorkerDied, match="worker 0, which owed batch 1"):
+            daemon._check_workers(1)
 
 
 def _damaged_copy(files, tmp_path):
