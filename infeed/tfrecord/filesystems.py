@@ -20,6 +20,13 @@ In order:
    (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID`` ...: the AWS SDK's own) and its query
    (``?endpoint_override=host:port&scheme=http&region=...``), ``hdfs://``, ``file://``.
 
+Each open and read of a remote file has one time budget, every attempt included
+(:func:`remote_timeout_s`: ``infeed.tfrecord.reader.REMOTE_TIMEOUT_S``, 60 s, unless a URI's query or a
+registration says ``timeout_s``). The S3 and GCS filesystems built here get their client's own timeouts and retries
+from it (:func:`s3_timeouts`, :func:`gcs_retry_limit_s`), so that the store's client, retrying beneath infeed's
+attempts, does not multiply them; a filesystem a factory makes is its own, and only infeed's attempts stop at the
+budget.
+
 >>> register_filesystem("s3://example-bucket", "s3", endpoint_override="127.0.0.1:9000", scheme="http",
 ...                     region="us-east-1", access_key="key", secret_key="secret", retry_max_attempts=3)
 >>> fs, inner = filesystem_for("s3://example-bucket/train/part-0.tfrecord")
@@ -42,12 +49,16 @@ from infeed.errors import FileSystemConfigError
 from infeed.tfrecord.names import split_query
 
 __all__ = ["filesystem_for", "google_credentials_source", "register_filesystem", "registered_filesystems",
-           "restore_registered_filesystems",
+           "gcs_retry_limit_s", "remote_timeout_s", "restore_registered_filesystems", "s3_timeouts",
            "unregister_filesystem"]
 
-#: The GCS options a gs:// URI's query may give (pyarrow's three, and the ones it cannot say).
+#: The GCS options a gs:// URI's query may give (pyarrow's three, the ones it cannot say, and infeed's budget).
 GCS_QUERY_OPTIONS = ("scheme", "endpoint_override", "retry_limit_seconds", "anonymous", "project_id",
-                     "default_bucket_location")
+                     "default_bucket_location", "timeout_s")
+
+#: The option, in any remote URI's query or a registration, for the time one open or read may take, all its attempts
+#: together (``infeed.tfrecord.reader.REMOTE_TIMEOUT_S`` where none says).
+TIMEOUT_OPTION = "timeout_s"
 
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
@@ -56,26 +67,85 @@ _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 #: attempts (``infeed.tfrecord.reader.REMOTE_ATTEMPTS``) come on top.
 GCS_RETRY_LIMIT_S = 15
 
+#: The AWS SDK's attempts at each request (its standard retry strategy, pyarrow's default) within each of infeed's, in
+#: the S3 filesystems infeed builds; a registration's ``retry_max_attempts`` replaces it.
+S3_SDK_ATTEMPTS = 3
 
-def _s3(options: dict):
+
+def _reader():
+    from infeed.tfrecord import reader              # (reader imports this module when it opens a URI)
+
+    return reader
+
+
+def _timeout(where: str, value) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise FileSystemConfigError(where, f"{TIMEOUT_OPTION}={value!r}: a number of seconds above 0")
+    return seconds
+
+
+def _attempt_share_s(timeout_s: float) -> float:
+    """The budget's share of one of infeed's attempts: ``timeout_s`` less infeed's waits between its
+    REMOTE_ATTEMPTS attempts, divided among them."""
+    reader = _reader()
+    attempts = max(1, reader.REMOTE_ATTEMPTS)
+    waits = reader.REMOTE_RETRY_WAIT_S * (2 ** (attempts - 1) - 1)
+    return max(timeout_s - waits, 0.0) / attempts
+
+
+def s3_timeouts(timeout_s: float, sdk_attempts: int | None = None) -> tuple[float, float]:
+    """``(connect_timeout, request_timeout)`` in seconds for ``pyarrow.fs.S3FileSystem``, such that infeed's
+    REMOTE_ATTEMPTS attempts at a request to a server that never answers, each made of ``sdk_attempts`` of the AWS
+    SDK's (its standard strategy's back-off between them, up to 1, 2, 4 ... s, included) and infeed's waits
+    between them, fit in ``timeout_s``: each SDK request has a third of its share to connect and two thirds to wait
+    for a byte (the SDK's request timeout: on Linux, curl's "less than 1 byte/s for that many whole seconds"). Each
+    at least 1 s: a smaller budget is then kept by infeed's attempts alone, which stop once it is spent.
+
+    >>> [round(t, 2) for t in s3_timeouts(60)]      # with REMOTE_ATTEMPTS 4, 0.25 s apart and doubling
+    [1.28, 2.57]
+    """
+    sdk_attempts = max(1, int(S3_SDK_ATTEMPTS if sdk_attempts is None else sdk_attempts))
+    back_off = sum(min(2.0 ** k, 20.0) for k in range(sdk_attempts - 1))
+    share = max(_attempt_share_s(timeout_s) - back_off, 0.0) / sdk_attempts
+    return max(1.0, share / 3), max(1.0, 2 * share / 3)
+
+
+def gcs_retry_limit_s(timeout_s: float) -> int:
+    """pyarrow's GCS client's ``retry_limit_seconds`` where none is given: GCS_RETRY_LIMIT_S, or less, the budget's
+    share of one of infeed's attempts (whole seconds, at least 1: the client ignores fractions)."""
+    return max(1, min(GCS_RETRY_LIMIT_S, int(_attempt_share_s(timeout_s))))
+
+
+def _s3(options: dict, timeout_s: float | None = None):
     import pyarrow.fs as pafs
 
     options = dict(options)
-    if "retry_max_attempts" in options:          # pyarrow takes a strategy object: JSON carries the number
-        options["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=int(options.pop("retry_max_attempts")))
+    sdk_attempts = int(options.pop("retry_max_attempts", S3_SDK_ATTEMPTS))
+    # pyarrow takes a strategy object: JSON carries the number
+    options.setdefault("retry_strategy", pafs.AwsStandardS3RetryStrategy(max_attempts=sdk_attempts))
+    connect, request = s3_timeouts(_reader().REMOTE_TIMEOUT_S if timeout_s is None else timeout_s, sdk_attempts)
+    options.setdefault("connect_timeout", connect)          # the registration's own, where it gives them
+    options.setdefault("request_timeout", request)
     return pafs.S3FileSystem(**options)
 
 
-def _gcs(options: dict):
+def _gcs(options: dict, timeout_s: float | None = None):
     import pyarrow.fs as pafs
 
     options = dict(options)
-    if "retry_limit_seconds" in options:         # pyarrow takes a timedelta: JSON carries the seconds
-        options["retry_time_limit"] = datetime.timedelta(seconds=float(options.pop("retry_limit_seconds")))
+    if "retry_limit_seconds" not in options:
+        options["retry_limit_seconds"] = gcs_retry_limit_s(_reader().REMOTE_TIMEOUT_S if timeout_s is None
+                                                           else timeout_s)
+    # pyarrow takes a timedelta: JSON carries the seconds
+    options["retry_time_limit"] = datetime.timedelta(seconds=float(options.pop("retry_limit_seconds")))
     return pafs.GcsFileSystem(**options)
 
 
-def _hdfs(options: dict):
+def _hdfs(options: dict, timeout_s: float | None = None):
     import pyarrow.fs as pafs
 
     return pafs.HadoopFileSystem(**options)
@@ -117,6 +187,8 @@ def _normalise_prefix(prefix: str) -> str:
 def _build(prefix: str, kind: str | None, factory: str | None, options: dict):
     import pyarrow.fs as pafs
 
+    options = dict(options)
+    timeout_s = _timeout(prefix, options.pop(TIMEOUT_OPTION)) if TIMEOUT_OPTION in options else None
     try:
         if factory is not None:
             module, _, name = factory.partition(":")
@@ -124,7 +196,7 @@ def _build(prefix: str, kind: str | None, factory: str | None, options: dict):
             if not isinstance(fs, pafs.FileSystem):
                 fs = pafs.PyFileSystem(pafs.FSSpecHandler(fs))        # an fsspec filesystem
         else:
-            fs = KINDS[kind](options)
+            fs = KINDS[kind](options, timeout_s)
     except FileSystemConfigError:
         raise
     except Exception as e:
@@ -140,9 +212,13 @@ def register_filesystem(prefix: str, kind: str | None = None, /, *, factory: str
     starts from now on.
 
     ``kind``: ``"s3"`` (``pyarrow.fs.S3FileSystem(**options)``; ``retry_max_attempts=N`` for its retry
-    strategy), ``"gcs"`` (``pyarrow.fs.GcsFileSystem(**options)``; ``retry_limit_seconds=S``) or ``"hdfs"``.
+    strategy, S3_SDK_ATTEMPTS where not given; ``connect_timeout`` and ``request_timeout`` from the budget where not
+    given, :func:`s3_timeouts`), ``"gcs"`` (``pyarrow.fs.GcsFileSystem(**options)``; ``retry_limit_seconds=S``,
+    :func:`gcs_retry_limit_s` where not given) or ``"hdfs"``.
     ``factory``: instead of a kind, ``"module:function"``, called with ``options`` in each process to make
-    the filesystem (a ``pyarrow.fs.FileSystem``, or an fsspec one, wrapped). ``options`` must be JSON
+    the filesystem (a ``pyarrow.fs.FileSystem``, or an fsspec one, wrapped). ``timeout_s=S``, with either, is
+    the budget of each open and read under the prefix, all attempts together (:func:`remote_timeout_s`; not
+    passed to a factory). ``options`` must be JSON
     (they travel to the workers so); credentials among them stay in memory and on the workers' pipes, never
     on disk. The filesystem is built once here at once, so a wrong option fails now:
     :class:`~infeed.errors.FileSystemConfigError`, naming the prefix. Registering a prefix again replaces it.
@@ -212,7 +288,8 @@ def _gcs_options(uri: str, query: str) -> dict:
             raise FileSystemConfigError(uri, f"unknown option {name!r} in the query: a gs:// URI takes "
                                              f"{', '.join(GCS_QUERY_OPTIONS)}")
         options[name] = _flag(uri, name, value) if name == "anonymous" else value
-    options.setdefault("retry_limit_seconds", GCS_RETRY_LIMIT_S)
+    if TIMEOUT_OPTION in options:
+        options[TIMEOUT_OPTION] = _timeout(uri, options[TIMEOUT_OPTION])
     emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
     if emulator and "endpoint_override" not in options:
         scheme, _, host = emulator.rpartition("://")
@@ -282,6 +359,8 @@ def filesystem_for(uri: str):
             options["anonymous"] = True
         if not options.get("anonymous") and "access_token" not in options:
             _check_google_credentials(uri)
+        if "retry_limit_seconds" not in options:   # as the budget is now (the key below keeps it)
+            options["retry_limit_seconds"] = gcs_retry_limit_s(options.get(TIMEOUT_OPTION, _reader().REMOTE_TIMEOUT_S))
         key = tuple(sorted(options.items()))
         fs = _gcs_cache.get(key)
         if fs is None:
@@ -289,7 +368,49 @@ def filesystem_for(uri: str):
         return fs, inner
     import pyarrow.fs as pafs
 
+    timeout_s, query = _pop_timeout(uri, query)
     try:
-        return pafs.FileSystem.from_uri(uri)
+        fs, inner = pafs.FileSystem.from_uri(location + query)
     except ValueError as e:                  # pyarrow.ArrowInvalid: an unknown scheme, an option its query cannot take
         raise FileSystemConfigError(uri, f"pyarrow cannot open this URI: {e}") from None
+    if isinstance(fs, pafs.S3FileSystem):
+        # from_uri takes no timeouts and leaves the AWS SDK's retries at its own default (30 connections and 100 s
+        # to a server that never answers): built again with the options from_uri read (the URI's and the
+        # environment's, as pickling carries them), and the budget's timeouts and retries.
+        options = dict(fs.__reduce__()[1][0])
+        for name in ("connect_timeout", "request_timeout", "retry_strategy"):
+            options.pop(name, None)
+        fs = _s3(options, timeout_s)
+    return fs, inner
+
+
+def _pop_timeout(uri: str, query: str) -> tuple[float | None, str]:
+    """``timeout_s`` from a URI's query (None where it has none), and the query without it (for pyarrow,
+    which takes no option it does not know); the others as written."""
+    timeout_s, kept = None, []
+    for item in query.lstrip("?").split("&") if query else ():
+        name, _, value = item.partition("=")
+        if urllib.parse.unquote_plus(name) == TIMEOUT_OPTION:
+            timeout_s = _timeout(uri, urllib.parse.unquote_plus(value))
+        else:
+            kept.append(item)
+    return timeout_s, "?" + "&".join(kept) if kept else ""
+
+
+def remote_timeout_s(uri: str) -> float:
+    """The time one open or read of ``uri`` may take, all its attempts together, in seconds: ``timeout_s`` of the
+    filesystem registered for it, or of its query where none is registered, else
+    ``infeed.tfrecord.reader.REMOTE_TIMEOUT_S`` (60)."""
+    location, query = split_query(uri)
+    default = _reader().REMOTE_TIMEOUT_S
+    if "://" not in location:
+        return default
+    entry = _registered_for(location)
+    try:
+        if entry is not None:
+            value = entry.options.get(TIMEOUT_OPTION)
+            return default if value is None else _timeout(entry.prefix, value)
+        timeout_s, _ = _pop_timeout(uri, query)
+    except FileSystemConfigError:
+        return default                      # (refused where its filesystem was made)
+    return default if timeout_s is None else timeout_s

@@ -34,6 +34,11 @@ _EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zlib": "ZLIB", ".zz": "ZLIB"}
 #: is raised; and the wait before the second attempt, doubled before each further one.
 REMOTE_ATTEMPTS = 4
 REMOTE_RETRY_WAIT_S = 0.25
+#: The time one open or read of a remote file may take, all its attempts (and the store client's own retries within
+#: them) together: no attempt begins once it is spent. A URI's query or a registration may say another
+#: (``timeout_s``: :func:`infeed.tfrecord.filesystems.remote_timeout_s`); the S3 and GCS clients infeed builds take
+#: their timeouts and retries from it when they are made (:func:`infeed.tfrecord.filesystems.s3_timeouts`).
+REMOTE_TIMEOUT_S = 60.0
 
 #: Reading a remote file front to back (read_records, the daemon's streamed reads): ranges of READ_AHEAD_BYTES,
 #: up to READ_AHEAD_RANGES of them requested ahead of the reader, on a pool of READ_AHEAD_THREADS threads a
@@ -65,7 +70,9 @@ def _filesystem(uri: str):
 
 def _retrying(call, uri: str, what: str):
     """``call()``, tried up to REMOTE_ATTEMPTS times while it raises a transient OSError, with a
-    growing wait between attempts; the last error says how many attempts were made."""
+    growing wait between attempts, and none begun once the URI's budget is spent (REMOTE_TIMEOUT_S, or its
+    ``timeout_s``); the last error names the URI and says how many attempts were made, in how long."""
+    began = time.monotonic()
     wait = REMOTE_RETRY_WAIT_S
     for attempt in range(1, REMOTE_ATTEMPTS + 1):
         try:
@@ -76,9 +83,17 @@ def _retrying(call, uri: str, what: str):
             if any(refusal in str(e) for refusal in _REFUSALS):
                 raise PermissionError(errno.EACCES, f"{e} ({what}; refused, not retried: check the credentials "
                                                     f"and the bucket's permissions)") from e
-            if attempt == REMOTE_ATTEMPTS:
-                reason = f"{e.strerror or e or type(e).__name__} ({what}; gave up after {attempt} attempts)"
-                raise (OSError(e.errno, reason) if e.errno else OSError(reason)) from e
+            spent = time.monotonic() - began
+            budget = None
+            if attempt < REMOTE_ATTEMPTS:
+                from infeed.tfrecord.filesystems import remote_timeout_s
+
+                budget = remote_timeout_s(uri)
+            if attempt == REMOTE_ATTEMPTS or spent + wait >= budget:
+                tries = f"{attempt} attempt{'s' if attempt > 1 else ''} in {spent:.1f} s"
+                limit = "" if budget is None else f", the time allowed being {budget:g} s (timeout_s)"
+                reason = f"{e.strerror or e or type(e).__name__} ({what}; gave up after {tries}{limit})"
+                raise OSError(e.errno or errno.EIO, reason, uri) from e
             _log.warning("%s: %s failed (%s); attempt %d of %d in %.2g s", uri, what, e, attempt + 1,
                          REMOTE_ATTEMPTS, wait)
             time.sleep(wait)
