@@ -41,16 +41,19 @@ import shlex
 import sys
 import time
 
-from bench import (compare, cpus_suite, decode, grain_suite, harness, images_suite, infeed_suite, loop_suite,
-                   remote_suite, report, startup_suite, train_suite, transfer_suite)
+from bench import harness
+from bench.data import datasets
+from bench.report import compare, markdown
+from bench.suites import (cpus_suite, decode_suite, grain_suite, images_suite, infeed_suite, loop_suite, remote_suite,
+                          startup_suite, train_suite, transfer_suite)
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
-    "decode": lambda args: decode.run(
-        args.layouts or tuple(decode.datasets.LAYOUTS), scale=args.scale, quick=args.quick, repeats=args.repeats,
+    "decode": lambda args: decode_suite.run(
+        args.layouts or tuple(datasets.LAYOUTS), scale=args.scale, quick=args.quick, repeats=args.repeats,
         data_dir=args.data_dir, seed=args.seed, cpu=args.cpu, tensorflow=not args.no_tf),
     "infeed": lambda args: infeed_suite.run(
-        args.layouts or tuple(decode.datasets.LAYOUTS), workers=args.workers,
+        args.layouts or tuple(datasets.LAYOUTS), workers=args.workers,
         slots=args.slots or infeed_suite.SLOT_SWEEP, scale=args.scale,
         quick=args.quick, repeats=args.repeats, data_dir=args.data_dir, seed=args.seed),
     "remote": lambda args: remote_suite.run(
@@ -151,9 +154,9 @@ def parse_args(argv):
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be positive, got {args.steps}")
-    unknown = sorted(set(args.layouts or ()) - set(decode.datasets.LAYOUTS))
+    unknown = sorted(set(args.layouts or ()) - set(datasets.LAYOUTS))
     if unknown:
-        p.error(f"unknown layouts {unknown}; known: {', '.join(decode.datasets.LAYOUTS)}")
+        p.error(f"unknown layouts {unknown}; known: {', '.join(datasets.LAYOUTS)}")
     unknown = sorted(set(args.sources or ()) - set(images_suite.SOURCES))
     if unknown:
         p.error(f"unknown sources {unknown}; known: {', '.join(images_suite.SOURCES)}")
@@ -208,7 +211,7 @@ def main(argv=None) -> int:
         tf_versions = {r.params.get("tensorflow") for r in results} - {None}
         harness.write_json(path, command, {**machine, "tensorflow": ", ".join(sorted(tf_versions)) or None},
                            results)
-        md, plots = report.write_report(path)
+        md, plots = markdown.write_report(path)
         print(f"\nwrote {path}, the report {md}" + (f" and {len(plots)} plots" if plots else
                                                      " (no plots: pip install -e .[bench] adds matplotlib)"))
     return 0
@@ -220,7 +223,7 @@ def _elapsed(since: float) -> str:
 
 
 #: ``python -m bench compare OLD NEW`` and ``python -m bench report RESULTS``.
-SUBCOMMANDS = {"compare": compare.main, "report": report.main}
+SUBCOMMANDS = {"compare": compare.main, "report": markdown.main}
 
 
 if __name__ == "__main__":

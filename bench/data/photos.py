@@ -3,7 +3,7 @@ that decodes them to 224x224 with a crop mode.
 
 Crops of the two photos scikit-learn ships, mirrored and tinted per record (mosaics of four where the size asked is
 larger), JPEG quality 90, 4:2:0, in the ImageNet layout (``image/encoded``, ``image/class/label``). Kept apart from
-the suites so that their measuring processes (:mod:`bench.parallel_parse`) import only this.
+the suites so that their measuring processes (:mod:`bench.peers.parallel_parse`) import only this.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The suites' measuring processes: JAX starts in a child process per device count (``python -m
-bench.<suite> --child JSON``), so each measurement gets the devices it asks for and a clean XLA."""
+bench.suites.<suite> --child JSON``), so each measurement gets the devices it asks for and a clean XLA."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.harness import log
+from bench.harness.timing import log
 
 __all__ = ["child_env", "run_child", "child_main"]
 
@@ -27,7 +27,7 @@ def child_env(devices: int | None) -> dict:
     for name in ("JAX_NUM_CPU_DEVICES", "JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE"):
         env.pop(name, None)
     env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     return env
 
@@ -40,7 +40,7 @@ def run_child(config: dict, timeout: float, module: str, suite: str) -> dict:
         config = {**config, "out": os.path.join(tmp, "out.json")}
         cmd = [sys.executable, "-m", module, "--child", json.dumps(config)]
         try:
-            done = subprocess.run(cmd, env=child_env(config["devices"]), cwd=str(Path(__file__).resolve().parents[1]),
+            done = subprocess.run(cmd, env=child_env(config["devices"]), cwd=str(Path(__file__).resolve().parents[2]),
                                   stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{suite}: the {config['devices'] or 'default'}-device measurements took over "

@@ -1,7 +1,7 @@
 """``parse (W processes at once)``: a suite's one-process parse run by W processes at the same time.
 
 Each process reads the file and parses it (``read_batch`` + ``ExampleParser.parse``, as
-``bench.decode.parse_case``) when told to, and says how many records it parsed: the whole file (the infeed
+``bench.suites.decode_suite.parse_case``) when told to, and says how many records it parsed: the whole file (the infeed
 suite), or with ``share=True`` its share of the batches, every W-th from its own, as a daemon's worker
 parses them (the images suite: it reads the other batches' records and passes them by). Their combined rate
 is what this machine's CPUs give W decoders that share nothing: a bound on what W daemon workers can reach
@@ -9,8 +9,8 @@ is what this machine's CPUs give W decoders that share nothing: a bound on what 
 cores, memory bandwidth and clocks show here first). The processes are started once, before timing, and
 wait on their standard input (``go`` lines), so a run times the parsing alone.
 
-Run as ``python -m bench.parallel_parse FILE SPEC BATCH_SIZE SHARE`` by :class:`ParallelParse`; SPEC is a
-:data:`bench.datasets.LAYOUTS` name or ``images:<crop mode>`` (:func:`bench.photos.spec`), SHARE
+Run as ``python -m bench.peers.parallel_parse FILE SPEC BATCH_SIZE SHARE`` by :class:`ParallelParse`; SPEC is a
+:data:`bench.data.datasets.LAYOUTS` name or ``images:<crop mode>`` (:func:`bench.data.photos.spec`), SHARE
 ``whole`` or ``<k>/<W>``.
 """
 
@@ -30,14 +30,14 @@ class ParallelParse:
     once, and returns the records they parsed together."""
 
     def __init__(self, path: str, spec: str, batch_size: int, processes: int, *, share: bool = False):
-        root = str(Path(__file__).resolve().parents[1])          # the checkout that holds bench/
+        root = str(Path(__file__).resolve().parents[2])          # the checkout that holds bench/
         env = dict(os.environ, PYTHONPATH=root + (os.pathsep + os.environ["PYTHONPATH"]
                                                   if os.environ.get("PYTHONPATH") else ""))
         self._procs = []
         try:
             for k in range(processes):
                 self._procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "bench.parallel_parse", path, spec, str(batch_size),
+                    [sys.executable, "-m", "bench.peers.parallel_parse", path, spec, str(batch_size),
                      f"{k}/{processes}" if share else "whole"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
             for p in self._procs:
@@ -72,12 +72,12 @@ class ParallelParse:
 
 
 def spec_of(name: str) -> dict:
-    """The infeed spec named ``name``: a :data:`bench.datasets.LAYOUTS` layout's, or ``images:<crop mode>``
-    for :func:`bench.photos.spec` of that mode."""
+    """The infeed spec named ``name``: a :data:`bench.data.datasets.LAYOUTS` layout's, or ``images:<crop mode>``
+    for :func:`bench.data.photos.spec` of that mode."""
     if name.startswith("images:"):
-        from bench import photos
+        from bench.data import photos
         return photos.spec(name.removeprefix("images:"))
-    from bench import datasets
+    from bench.data import datasets
     return datasets.LAYOUTS[name].spec()
 
 

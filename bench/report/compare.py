@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bench.report import load
+from bench.harness.results import read_json
 
 __all__ = ["Change", "compare", "format_changes", "main", "THRESHOLD"]
 
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     if not args.threshold >= 0:
         p.error(f"--threshold must be non-negative, got {args.threshold}")
     try:
-        old, new = load(args.old), load(args.new)
+        old, new = read_json(args.old), read_json(args.new)
     except (OSError, ValueError) as e:
         print(f"python -m bench compare: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ suite's tables, notes and plots.
     python -m bench report bench-results/2026-11-23-120501-myhost.json
 
 writes ``<results>.md`` and its plots in ``<results>/`` (PNG, see
-:mod:`bench.plots`) next to the results file; ``python -m bench`` does the
+:mod:`bench.report.plots`) next to the results file; ``python -m bench`` does the
 same after every run. It reads only the results file, so a report can be
 drawn again, or on another machine, from a saved run. Without matplotlib
 (``pip install -e .[bench]``) the report has every table and says how to get
@@ -14,26 +14,14 @@ the plots.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from bench.harness import OVER_W_NOTE, SHORT_SECONDS, scaling_rows
+from bench.harness.results import OVER_W_NOTE, SHORT_SECONDS, read_json
+from bench.harness.tables import scaling_rows
 
-__all__ = ["write_report", "render", "load", "main"]
-
-
-def load(path) -> dict:
-    """A results file :func:`bench.harness.write_json` wrote (a clear error for anything else)."""
-    with open(path) as f:
-        try:
-            doc = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not a results file (invalid JSON: {e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("suites"), dict) or "version" not in doc:
-        raise ValueError(f"{path}: not a results file of python -m bench (no 'version' and 'suites')")
-    return doc
+__all__ = ["write_report", "render", "main"]
 
 
 def _num(x: float | None) -> str:
@@ -187,13 +175,13 @@ def render(doc: Mapping, plots: Mapping[str, tuple[str, str]], missing_plots: st
 def write_report(results_path) -> tuple[str, list[str]]:
     """Writes the report of ``results_path`` (``X.json`` -> ``X.md`` and ``X/*.png``); returns the report's
     path and the plots written."""
-    doc = load(results_path)
+    doc = read_json(results_path)
     stem = os.path.splitext(os.fspath(results_path))[0]
     plot_dir = stem
     written: dict[str, tuple[str, str]] = {}
     missing = None
     try:
-        from bench import plots
+        from bench.report import plots
     except ImportError as e:
         missing = f"matplotlib is not installed ({e}); `pip install -e .[bench]` adds it."
     else:

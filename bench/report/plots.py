@@ -1,13 +1,13 @@
-"""The report's plots (matplotlib, PNG), drawn from a results file's suites as :func:`bench.harness.write_json`
-wrote them.
+"""The report's plots (matplotlib, PNG), drawn from a results file's suites as
+:func:`bench.harness.results.write_json` wrote them.
 
 One function per plot; each takes the saved suites (``doc["suites"]``) and
 returns a matplotlib ``Figure``, or None when the suites it needs were not
 run. Every bar and point is a median; the whiskers are the min..max of its
-repeats. :data:`PLOTS` is what :mod:`bench.report` draws, in order.
+repeats. :data:`PLOTS` is what :mod:`bench.report.markdown` draws, in order.
 
 matplotlib is the ``bench`` extra (``pip install -e .[bench]``); this module
-imports it, :mod:`bench.report` does so only when it is installed.
+imports it, :mod:`bench.report.markdown` does so only when it is installed.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import matplotlib
 matplotlib.use("Agg")           # files only: no display, whatever the environment says
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
-
-from bench import transfer_suite  # noqa: E402
 
 __all__ = ["PLOTS", "decode", "infeed_workers_slots", "loop_iterations", "train_pipelines", "time_to_first_step",
            "transfer", "scaling"]
@@ -39,8 +37,6 @@ _PEERS, _BASELINES = ("tf.data", "Keras"), ("page cache",)
 def _colour(name: str) -> str:
     return ("tab:orange" if name.startswith(_PEERS) else "tab:gray" if name.startswith(_BASELINES)
             else "tab:blue")
-#: The transfer suite's bandwidth rows (its other rows are the loop suite's, on the device).
-TRANSFER_ROWS = (transfer_suite.PINNED, transfer_suite.PAGEABLE, transfer_suite.TO_HOST, transfer_suite.DEVICE_COPY)
 
 
 def _groups(suite: Mapping, kind: str = "figures") -> dict[str, list[dict]]:
@@ -225,7 +221,13 @@ def transfer(suites: Mapping):
     """``bench transfer`` (on an accelerator): MB/s of host-to-device copies from a pinned ring slot and from
     pageable memory, device-to-host, and the device's own copy."""
     return _bars(suites.get("transfer"), "host <-> device bandwidth (median, min..max)", "mb_per_s", "MB/s",
-                 keep=lambda f: f["name"] in TRANSFER_ROWS)
+                 keep=_bandwidth)
+
+
+def _bandwidth(figure: Mapping) -> bool:
+    """A bandwidth row of the transfer suite: one that counts no batches (its other rows are the loop suite's, on the
+    device, in steps)."""
+    return figure.get("batches") is None
 
 
 def time_to_first_step(suites: Mapping):

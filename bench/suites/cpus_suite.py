@@ -2,7 +2,7 @@
 
 The bound under ``bench images``' scaling, CPU by CPU. One process is pinned to
 each allowed CPU (``os.sched_setaffinity``), started before timing; each decodes
-the same photos (:mod:`bench.photos`' 500x375 JPEGs, the images suite's,
+the same photos (:mod:`bench.data.photos`' 500x375 JPEGs, the images suite's,
 ``simplejpeg.decode_jpeg`` with ``fastdct``, full size) when told to and
 reports its seconds. Interleaved, per round:
 
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import photos
+from bench.data import photos
 from bench.harness import Case, Measurement, Ratio, SuiteResult, cpus_allowed, log
 
 __all__ = ["run", "alone_name", "at_once_group", "PHOTOS"]
@@ -54,10 +54,10 @@ class _Decoder:
     """A process pinned to ``cpu``, decoding the photos of ``path`` ``rounds`` times whenever told to."""
 
     def __init__(self, cpu: int, path: str, rounds: int):
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self.cpu = cpu
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.cpus_suite", str(cpu), path, str(rounds)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.suites.cpus_suite", str(cpu), path, str(rounds)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"cpus: the decoder on CPU {cpu} failed to start (exit status {self.proc.wait()})")
@@ -146,7 +146,7 @@ def run(*, quick: bool = False, repeats: int | None = None, data_dir=None, seed:
 
 
 def main(argv=None) -> int:
-    """A decoder process: ``python -m bench.cpus_suite CPU FILE ROUNDS``; prints ``ready``, then its seconds
+    """A decoder process: ``python -m bench.suites.cpus_suite CPU FILE ROUNDS``; prints ``ready``, then its seconds
     for every ``go`` line."""
     import simplejpeg
 

@@ -1,6 +1,6 @@
 """The ``decode`` suite: TFRecord reading and tf.train.Example decoding, on one core.
 
-Per layout (see :mod:`bench.datasets`) and on one pinned CPU, it times, interleaved:
+Per layout (see :mod:`bench.data.datasets`) and on one pinned CPU, it times, interleaved:
 
 - ``page cache readinto 8 MiB``: the file's bytes read with ``readinto``
   into one 8 MiB buffer (read_records' own buffer size), the file already in
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 import infeed
-from bench import datasets
+from bench.data import datasets
 from bench.harness import Case, Ratio, SuiteResult, interleave, log, pinned_to_one_cpu, settle_allocator
 
 __all__ = ["run", "tf_feature_spec", "parse_case", "BATCH_SIZE", "PAGE_CACHE_BUFFER", "TARGETS",

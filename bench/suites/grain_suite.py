@@ -1,6 +1,6 @@
 """The ``grain`` suite: a Grain pipeline over infeed's source and decoder, against Grain's own path and the daemon.
 
-Per layout (``mnist``, ``criteo`` by default; files of :mod:`bench.datasets`,
+Per layout (``mnist``, ``criteo`` by default; files of :mod:`bench.data.datasets`,
 :data:`RECORDS` records each), every pipeline takes one
 epoch in a global shuffle (Grain's ``.shuffle(seed=0)`` / the daemon's
 ``shuffle="global"``) in batches of B, the final partial batch dropped, and the
@@ -67,16 +67,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 import infeed
-from bench import datasets, decode, infeed_suite
-from bench.example_proto import example_class
+from bench.data import datasets
 from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator
+from bench.peers.example_proto import example_class
+from bench.suites import decode_suite, infeed_suite
 
 __all__ = ["run", "CASES", "SOURCE_PARSE", "SOURCE_PARSE_THREADS", "SOURCE_ROWS", "ARRAY_RECORD_PARSE",
            "PROTOBUF", "PROTOBUF_THREADS", "LOADER", "MP_PREFETCH", "DAEMON", "PARTS", "LAYOUTS", "SKIPPED",
            "protobuf_rows"]
 
 SUITE = "grain"
-BATCH_SIZE = decode.BATCH_SIZE
+BATCH_SIZE = decode_suite.BATCH_SIZE
 #: The layouts this suite measures unless told (imagenet's records are one bytes feature: nothing to decode).
 LAYOUTS = ("mnist", "criteo")
 #: Records of each layout (a full run, --quick): 64 batches, enough for the steady states, while the slowest

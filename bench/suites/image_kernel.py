@@ -1,8 +1,8 @@
 """The image kernel alone on one cache-warm 500x375 picture: its centre crop (328x328) to 224x224 uint8.
 
-    python -m bench.image_kernel                 # best microseconds per crop over 7 rounds of 300
-    python -m bench.image_kernel --calls 11      # just N crops, for instruction counts:
-    valgrind --tool=callgrind python -m bench.image_kernel --calls 11   # and --calls 21: the difference / 10
+    python -m bench.suites.image_kernel                 # best microseconds per crop over 7 rounds of 300
+    python -m bench.suites.image_kernel --calls 11      # just N crops, for instruction counts:
+    valgrind --tool=callgrind python -m bench.suites.image_kernel --calls 11   # and --calls 21: the difference / 10
     callgrind_annotate --inclusive=yes callgrind.out.PID | grep -F 'resize_into ['   # its count
 
 ``python -m bench images`` times the kernel over 512 different decoded pictures (its "resize kernel" row),

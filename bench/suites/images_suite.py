@@ -27,7 +27,7 @@ interleaved (A B C A B C ...), nothing pinned:
   issue 30, both went at worker 0's pace: about 1.0-1.2x).
 - ``parse (W processes at once), <mode>``, for each W > 1: W processes, started
   before timing and sharing nothing, each parsing its share of the batches
-  (every W-th, as a worker does) at the same time (:mod:`bench.parallel_parse`):
+  (every W-th, as a worker does) at the same time (:mod:`bench.peers.parallel_parse`):
   what this machine's CPUs give W decoders, the bound for W workers.
 - ``tf.data <mode>, T thread(s)``: ``TFRecordDataset -> map(parse, decode,
   crop, resize, num_parallel_calls=T) -> batch`` with a private thread pool
@@ -64,12 +64,12 @@ from collections.abc import Sequence
 import numpy as np
 
 import infeed
-from bench import decode
+from bench.data.photos import MODES, SIZE, SOURCES, ensure_photos, images_of, spec, write_photos
 from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Refused, SuiteResult, daemon_batches,
                            interleave, log, settle_allocator, stage_breakdown, steady_refusal)
-from bench.infeed_suite import WARMUP, DaemonCase, steady_figure
-from bench.parallel_parse import ParallelParse
-from bench.photos import MODES, SIZE, SOURCES, ensure_photos, images_of, spec, write_photos
+from bench.peers.parallel_parse import ParallelParse
+from bench.suites import decode_suite
+from bench.suites.infeed_suite import WARMUP, DaemonCase, steady_figure
 from infeed.example.image import _central_window
 
 __all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "SLOTS", "parse_name", "daemon_name",
@@ -302,7 +302,7 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
                          params={"sources": list(sources), "repeats": repeats, "warmup": WARMUP,
                                  "batch_size": BATCH_SIZE, "size": SIZE, "workers": list(workers), "slots": slots,
                                  "seed": seed})
-    tf = decode._import_tensorflow() if tensorflow else None
+    tf = decode_suite._import_tensorflow() if tensorflow else None
     result.params["tensorflow"] = getattr(tf, "__version__", None)
     with contextlib.ExitStack() as stack:
         if data_dir is None:
@@ -328,7 +328,7 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
                             "resize; a T-thread pipeline has a private pool of T threads, num_parallel_calls=T and "
                             "no intra-op parallelism")
     else:
-        result.notes.append(decode.TF_MISSING if tensorflow else "tf.data comparison not run (--no-tf)")
+        result.notes.append(decode_suite.TF_MISSING if tensorflow else "tf.data comparison not run (--no-tf)")
     return result
 
 

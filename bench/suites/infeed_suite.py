@@ -1,6 +1,6 @@
 """The ``infeed`` suite: the decoding daemon (``infeed.Daemon``) against decoding in the trainer's process.
 
-Per layout (see :mod:`bench.datasets`; written by ``ensure_dataset`` as for
+Per layout (see :mod:`bench.data.datasets`; written by ``ensure_dataset`` as for
 ``bench decode``, so a shared ``--data-dir`` reuses them, but with at least 32
 batches so that the ring of 8 slots turns over: imagenet has 4,096 records
 here, 1,024 there; and with at least
@@ -13,7 +13,7 @@ it times, interleaved (A B C A B C ...):
   parse`` case, reused): the single-process decode rate, the baseline.
 - ``parse (W processes at once)``, for each W > 1: the same parse, by W
   processes at the same time, each over the whole file (started before
-  timing: :mod:`bench.parallel_parse`): what this machine gives W decoders
+  timing: :mod:`bench.peers.parallel_parse`): what this machine gives W decoders
   that share nothing, the bound for W workers. W=2 is judged against it.
 - ``daemon W=w``: ``infeed.Daemon(infeed.Dataset(file, spec, batch_size=B,
   num_epochs=1), num_workers=w, slots=8, lock_memory=False)`` and a consumer
@@ -88,10 +88,11 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 import infeed
-from bench import datasets, decode
-from bench.parallel_parse import ParallelParse
+from bench.data import datasets
 from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, SuiteResult, Timing, cpus_allowed,
                            daemon_batches, interleave, log, settle_allocator, stage_breakdown, steady_refusal)
+from bench.peers.parallel_parse import ParallelParse
+from bench.suites import decode_suite
 
 __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
            "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "steady_figure", "sleep_overshoot",
@@ -101,7 +102,7 @@ __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "s
            "parallel_name", "scaling_name"]
 
 SUITE = "infeed"
-BATCH_SIZE = decode.BATCH_SIZE
+BATCH_SIZE = decode_suite.BATCH_SIZE
 SLOTS = 8
 WORKERS = (1, 2)
 #: Ring sizes the busy consumer's rows are timed with (SLOTS among them: the rows every other figure compares).
@@ -462,7 +463,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
 
     # Phase 1: the parse baseline and the do-nothing consumers.
     log(f"infeed: timing {name} ({repeats} runs per case) ...")
-    parse = dataclasses.replace(decode.parse_case(ds, b), name=PARSE)
+    parse = dataclasses.replace(decode_suite.parse_case(ds, b), name=PARSE)
     idle = {w: DaemonCase(daemon_name(w), dataset, w) for w in timed}
     indexed = infeed.Dataset(datasets.indexed_link(ds.path), spec, batch_size=b, num_epochs=1)
     through_index = {w: DaemonCase(indexed_name(w), indexed, w) for w in timed}

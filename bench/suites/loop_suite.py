@@ -49,7 +49,7 @@ cache (not counted), the next ones find their program there (what a
 restarted or preempted job sees from its second start on).
 
 XLA fixes the number of CPU devices when JAX starts, so each device count is
-measured in its own process (``python -m bench.loop_suite --child``, with
+measured in its own process (``python -m bench.suites.loop_suite --child``, with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` and
 ``JAX_PLATFORMS=cpu``) that hands its seconds back as JSON; this process never
 imports JAX. The batch is global: over 8 devices, 16 (mlp) or 4 (tiny)
@@ -80,16 +80,16 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from bench.children import child_main, run_child
 from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log
+from bench.harness.children import child_main, run_child
 
 __all__ = ["run", "default_steps", "figure_names", "timing_names", "ratio_targets", "group_name", "cl_name",
            "MODELS", "DEVICES", "BATCH", "KS", "SCAN_K", "IN_FLIGHT", "PY", "SCAN", "HOST", "HOST_AFTER", "TTFS",
            "HOST_COST", "HOST_AFTER_COST", "HOST_AFTER_TARGET_US", "VARIANTS", "TARGETS", "CHECK_STEPS"]
 
 SUITE = "loop"
-#: This module, as the suite's measuring process runs it (``python -m bench.loop_suite --child JSON``).
-MODULE = "bench.loop_suite"
+#: This module, as the suite's measuring process runs it (``python -m bench.suites.loop_suite --child JSON``).
+MODULE = "bench.suites.loop_suite"
 MODELS = ("mlp", "tiny")
 DEVICES = (1, 8)
 #: Global batch per step.

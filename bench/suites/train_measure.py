@@ -1,5 +1,5 @@
-"""The train suite's measuring process (``python -m bench.train_measure --child JSON``, started by
-:func:`bench.train_suite.run` on each device count): the pipelines of :mod:`bench.train_suite` built and
+"""The train suite's measuring process (``python -m bench.suites.train_measure --child JSON``, started by
+:func:`bench.suites.train_suite.run` on each device count): the pipelines of :mod:`bench.suites.train_suite` built and
 timed, with JAX imported here only."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import sys
 import tempfile
 import time
 
-from bench import datasets
-from bench.children import child_main
+from bench.data import datasets
 from bench.harness import Case, interleave, log, stage_breakdown
-from bench.train_suite import (BATCH, CHECKPOINT, EST, KERAS, LAYOUT, LOSS_RTOL, OVERHEAD, PY, SLOTS, SUITE, WORKERS,
-                               _end_timing, _start_timing, cl_name, group_name, mem_name, steady)
+from bench.harness.children import child_main
+from bench.suites.train_suite import (BATCH, CHECKPOINT, EST, KERAS, LAYOUT, LOSS_RTOL, OVERHEAD, PY, SLOTS, SUITE,
+                                     WORKERS, _end_timing, _start_timing, cl_name, group_name, mem_name, steady)
 
 _T0 = time.perf_counter()
 
@@ -234,7 +234,7 @@ def _measure(config: dict) -> dict:
     import estimator as est
     import infeed
     import xla_runtime as xr
-    from bench.loop_suite import _Pipeline
+    from bench.suites.loop_suite import _Pipeline
     from estimator.checkpoints import Checkpoints
 
     k, steps, repeats, b = config["k"], config["steps"], config["repeats"], BATCH
@@ -368,7 +368,7 @@ def _child(config: dict) -> None:
 
 
 def main(argv=None) -> int:
-    return child_main("bench.train_measure", SUITE, _child, argv)
+    return child_main("bench.suites.train_measure", SUITE, _child, argv)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 The model is the loop suite's mlp as an Estimator ``model_fn``: 784-512-512-10,
 ReLU, softmax cross-entropy, batch 128, ``optax.adam(1e-3)``; its input the
-``mnist`` layout of :mod:`bench.datasets` (``image`` 784 float32, ``label``
+``mnist`` layout of :mod:`bench.data.datasets` (``image`` 784 float32, ``label``
 int64; written by ``ensure_dataset``, so a shared ``--data-dir`` reuses it),
 read in order, epoch after epoch (``num_epochs=None``). Per device count, in
 one process, every pipeline runs ``steps`` steps per run (a multiple of K,
@@ -73,9 +73,9 @@ times the CPUs allowed; the input's stages over the last run
 (``Estimator.input_stats()``) are in the report beside the figures.
 
 As in the loop suite, each device count is measured in its own process
-(``python -m bench.train_measure --child``; ``XLA_FLAGS`` sets the number of CPU
+(``python -m bench.suites.train_measure --child``; ``XLA_FLAGS`` sets the number of CPU
 devices, no persistent compilation cache; see
-:func:`bench.children.run_child`) and the batch is global (16 examples per
+:func:`bench.harness.children.run_child`) and the batch is global (16 examples per
 device on 8). Before timing, the estimator's first ``train`` call (K steps:
 compilation) runs, and every pipeline's first K losses must agree with the
 others' (the estimator's logged loss at step K with compile_loop's; all
@@ -98,9 +98,9 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from bench import datasets
-from bench.children import run_child
+from bench.data import datasets
 from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, log
+from bench.harness.children import run_child
 
 __all__ = ["run", "default_steps", "figure_names", "timing_names", "ratio_targets", "group_name", "cl_name",
            "mem_name", "steady", "DEVICES", "BATCH", "ITERATIONS", "STEPS", "QUICK_STEPS", "WORKERS", "SLOTS", "EST",
@@ -240,7 +240,7 @@ def run(devices: Sequence[int] = DEVICES, *, quick: bool = False, repeats: int |
         for d in devices:
             log(f"train: measuring on {d} CPU device{'s' if d > 1 else ''} in a new process ...")
             child = run_child({"devices": d, "k": k, "steps": steps, "repeats": repeats, "data": ds.path},
-                              timeout, module="bench.train_measure", suite=SUITE)
+                              timeout, module="bench.suites.train_measure", suite=SUITE)
             result.params.update(jax=child["jax"], optax=child["optax"], platform=child["platform"],
                                  keras=(child["keras"] or {}).get("version"))
             for key in ("first_call_s", "compile_and_check_s"):

@@ -1,7 +1,7 @@
 """The ``transfer`` suite: on an accelerator, host-to-device bandwidth from a pinned ring slot, and the compiled
 loop on the device.
 
-In one process on JAX's default device (``python -m bench.transfer_suite
+In one process on JAX's default device (``python -m bench.suites.transfer_suite
 --child``; the parent never imports JAX), where that is not a CPU:
 
 - ``host-to-device from a pinned ring slot``: ``jax.device_put`` of one
@@ -19,7 +19,7 @@ In one process on JAX's default device (``python -m bench.transfer_suite
 Each figure's MB/s is bytes / seconds (MB = 10**6 bytes), median of the runs
 after a warm-up, interleaved. Then the loop suite's mlp and tiny models run on
 the device (``compile_loop`` K=1, 10, 100 against a per-step loop and a
-hand-written scan; see :mod:`bench.loop_suite`), in the same process.
+hand-written scan; see :mod:`bench.suites.loop_suite`), in the same process.
 
 On a CPU-only machine the suite measures nothing and says so: CPU "devices"
 share the host's memory (the ``loop`` and ``train`` suites measure them).
@@ -31,9 +31,9 @@ import json
 import sys
 import time
 
-from bench.children import child_main, run_child
 from bench.harness import Case, Measurement, Ratio, SuiteResult, interleave, log
-from bench.loop_suite import _add_group, _measure_model, default_steps
+from bench.harness.children import child_main, run_child
+from bench.suites.loop_suite import _add_group, _measure_model, default_steps
 
 __all__ = ["run", "PINNED", "PAGEABLE", "TO_HOST", "DEVICE_COPY", "TRANSFER_MB", "MODELS"]
 
@@ -126,7 +126,7 @@ def run(*, quick: bool = False, repeats: int | None = None, transfer_mb: float =
     log("transfer: measuring on JAX's default device in a new process ...")
     child = run_child({"devices": None, "nbytes": nbytes, "repeats": repeats, "models": list(models),
                        "steps": {m: default_steps(m, 1, quick) for m in models}, "ttfs_samples": 1 if quick else 3,
-                       "allow_cpu": allow_cpu}, timeout, module="bench.transfer_suite", suite=SUITE)
+                       "allow_cpu": allow_cpu}, timeout, module="bench.suites.transfer_suite", suite=SUITE)
     result.params.update(jax=child["jax"], backend=child["backend"], devices=child["devices"])
     if "transfers" not in child:
         result.notes.append(SKIPPED)
@@ -153,7 +153,7 @@ def run(*, quick: bool = False, repeats: int | None = None, transfer_mb: float =
 
 
 def main(argv=None) -> int:
-    return child_main("bench.transfer_suite", SUITE, _child, argv)
+    return child_main("bench.suites.transfer_suite", SUITE, _child, argv)
 
 
 if __name__ == "__main__":

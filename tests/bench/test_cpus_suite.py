@@ -5,8 +5,8 @@ import os
 import pytest
 
 from bench import __main__ as bench_main
-from bench import cpus_suite as suite
 from bench import harness
+from bench.suites import cpus_suite as suite
 
 
 def test_every_cpu_is_timed_alone_and_at_once_with_the_ratios_of_the_machine(tmp_path):

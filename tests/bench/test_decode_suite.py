@@ -7,10 +7,10 @@ import sys
 import pytest
 
 from bench import __main__ as bench_main
-from bench import decode
+from bench.suites import decode_suite
 
-PIPELINES = [decode.PAGE_CACHE, decode.PAGE_CACHE_ONE, decode.READ, decode.PARSE]
-TF_PIPELINES = [decode.TF_READ, decode.TF_PARSE]
+PIPELINES = [decode_suite.PAGE_CACHE, decode_suite.PAGE_CACHE_ONE, decode_suite.READ, decode_suite.PARSE]
+TF_PIPELINES = [decode_suite.TF_READ, decode_suite.TF_PARSE]
 LAYOUTS = ["mnist", "criteo", "imagenet"]
 
 

@@ -9,8 +9,8 @@ import pytest
 
 import infeed
 from bench import __main__ as bench_main
-from bench import datasets
-from bench import grain_suite as suite
+from bench.data import datasets
+from bench.suites import grain_suite as suite
 
 pytest.importorskip("grain")
 

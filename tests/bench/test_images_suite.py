@@ -11,8 +11,8 @@ import pytest
 import infeed
 from bench import __main__ as bench_main
 from bench import harness
-from bench import images_suite as suite
 from bench.harness import STEADY_BATCHES_PER_WORKER
+from bench.suites import images_suite as suite
 from tests.bench.test_infeed_suite import check_scaling
 
 

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from bench import __main__ as bench_main
-from bench import infeed_suite as suite
+from bench.suites import infeed_suite as suite
 from bench.harness import STEADY_BATCHES_PER_WORKER, cpus_allowed, daemon_batches
 from infeed.errors import AttachError
 from infeed.ring import Ring
@@ -248,7 +248,7 @@ def test_infeed_suite_accepts_more_workers_than_cpus_and_says_so(capsys):
 
 
 def test_record_counts_give_the_ring_room_to_turn_over_and_the_largest_w_its_steady_batches():
-    from bench import datasets
+    from bench.data import datasets
 
     for layout in datasets.LAYOUTS.values():
         assert suite.record_count(layout) >= max(layout.records, suite.MIN_BATCHES * suite.BATCH_SIZE)

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from bench import __main__ as bench_main
-from bench import children
-from bench import loop_suite as suite
+from bench.harness import children
+from bench.suites import loop_suite as suite
 
 
 def _rows(text: str) -> set:

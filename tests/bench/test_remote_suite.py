@@ -9,9 +9,9 @@ import subprocess
 import pytest
 
 from bench import __main__ as bench_main
-from bench import remote_suite as suite
 from bench.harness import STEADY_BATCHES_PER_WORKER
-from bench.object_stores import Unavailable, installed_executable
+from bench.peers.object_stores import Unavailable, installed_executable
+from bench.suites import remote_suite as suite
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +39,7 @@ def _processes(word: str) -> list[str]:
 
 def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_nothing_behind(tmp_path, capsys):
     servers_before = _processes("weed mini")
-    proxies_before = _processes("bench.store_proxy")
+    proxies_before = _processes("bench.peers.store_proxy")
     out = tmp_path / "remote.json"
     assert bench_main.main(["remote", "--layouts", "criteo", "--scale", "0.05", "--repeats", "1", "--json",
                             str(out)]) == 0
@@ -63,4 +63,4 @@ def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_noth
     assert all("read" in s["worker_shares"] for s in doc["stages"])
     assert doc["params"]["proxy_requests_per_run"]["criteo"] > 0           # the proxy was used
     assert "s3 + 25 ms W=2 / s3 + proxy W=2" in text and "Traceback" not in text
-    assert _processes("weed mini") == servers_before and _processes("bench.store_proxy") == proxies_before
+    assert _processes("weed mini") == servers_before and _processes("bench.peers.store_proxy") == proxies_before

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from bench import compare, harness, report
+from bench import harness
 from bench import __main__ as bench_main
 from bench.harness import Figure, Ratio, SuiteResult, Timing
+from bench.report import compare, markdown
 
 
 def _figure(name, seconds, group="g", suite="s", records=1000):
@@ -95,7 +96,7 @@ def test_report_has_the_headline_tables_notes_and_plots(tmp_path):
     r = _suite()
     r.ratios.append(Ratio("s", "g", "fast / slow, strict", 1.99, 3.0, strict=True))
     r.notes.append("a note")
-    md, pngs = report.write_report(_doc(tmp_path, r))
+    md, pngs = markdown.write_report(_doc(tmp_path, r))
     text = open(md).read()
     assert md == str(tmp_path / "run.md")
     assert "## Headline: the targets" in text and "2 of 3 targets met." in text
@@ -126,7 +127,7 @@ def test_report_plots_every_suite_it_knows(tmp_path):
         suites.append(r)
     path = tmp_path / "all.json"
     harness.write_json(path, "python -m bench all", {}, suites)
-    md, pngs = report.write_report(path)
+    md, pngs = markdown.write_report(path)
     assert sorted(os.path.basename(p) for p in pngs) == ["decode.png", "infeed.png", "loop.png",
                                                           "time-to-first-step.png", "train.png"]
     text = open(md).read()
@@ -147,7 +148,7 @@ def test_report_command_refuses_what_is_not_a_results_file(tmp_path, capsys):
 
 def _changes(tmp_path, old, new, **kw):
     a, b = _doc(tmp_path, old, "old.json"), _doc(tmp_path, new, "new.json")
-    return {(c.kind, c.name): c for c in compare.compare(report.load(a), report.load(b), **kw)[0]}
+    return {(c.kind, c.name): c for c in compare.compare(harness.read_json(a), harness.read_json(b), **kw)[0]}
 
 
 def test_compare_flags_a_regression_only_beyond_threshold_and_noise(tmp_path):
@@ -229,13 +230,13 @@ def test_a_scaling_table_has_a_row_per_w_its_efficiency_and_shares_a_refused_w_a
     text = harness.format_result(r)
     assert "  refused: W=8 needs 72 batches" in text and "  62%  " in text and "  2.50x  " in text
     assert re.search(r"W processes alone +of that\n", text) and re.search(r"  20\.0 +1\.50x +3\.33x +75%\n", text)
-    md, pngs = report.write_report(_doc(tmp_path, r))
+    md, pngs = markdown.write_report(_doc(tmp_path, r))
     assert json.loads((tmp_path / "run.json").read_text())["suites"]["infeed"]["scaling"] == r.scaling
-    markdown = open(md).read()
+    page = open(md).read()
     four, eight = (f"{w} (oversubscribed: {table['cpus']} CPUs)" if w > table["cpus"] else f"{w}" for w in (4, 8))
     assert (f"| mnist | idle consumer | {four} | 2,500 | 2.50x | 62 % | 10 % | 0 % | 10 % | 50 % | 20 % | 10 % | 25 % "
-            f"| 20.0 | 1.50x | 3.33x | 75 % |" in markdown)
-    assert f"| mnist | idle consumer | {eight} | refused: W=8 needs 72 batches" in markdown
+            f"| 20.0 | 1.50x | 3.33x | 75 % |" in page)
+    assert f"| mnist | idle consumer | {eight} | refused: W=8 needs 72 batches" in page
     assert pngs == [] or "infeed-scaling.png" in [os.path.basename(p) for p in pngs]
 
 
@@ -253,5 +254,5 @@ def test_a_speed_up_above_w_is_flagged_as_what_w_cpus_cannot_give(tmp_path):
     assert rows[2]["over_w"] == ["speedup"] and "over_w" not in rows[1] and "over_w" not in rows[4]   # 3.9x at W=4
     text = harness.format_scaling(r.scaling)
     assert "  2.34x (> W)  " in text and text.endswith(harness.OVER_W_NOTE) and "3.90x (> W)" not in text
-    md, _ = report.write_report(_doc(tmp_path, r))
+    md, _ = markdown.write_report(_doc(tmp_path, r))
     assert "| 2.34x (> W) |" in open(md).read() and harness.OVER_W_NOTE in open(md).read()

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bench import __main__ as bench_main
-from bench import startup_suite as suite
+from bench.suites import startup_suite as suite
 
 
 def test_startup_suite_quick_times_imports_and_three_kinds_of_run_to_the_first_step(tmp_path, capsys):

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from bench import __main__ as bench_main
-from bench import train_suite as suite
+from bench.suites import train_suite as suite
 from infeed.ring.orphans import orphans
 
 K, STEPS = 10, 20

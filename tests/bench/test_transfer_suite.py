@@ -1,7 +1,7 @@
 """``python -m bench transfer``: skipped with a note on a CPU backend; its measuring code checked on the CPU."""
 
 from bench import __main__ as bench_main
-from bench import transfer_suite
+from bench.suites import transfer_suite
 
 
 def test_skipped_with_a_note_on_a_cpu_backend(capsys, monkeypatch):

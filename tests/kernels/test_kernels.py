@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import infeed
-from bench import datasets
+from bench.data import datasets
 from infeed.tfrecord import _tfrecord
 
 MIB = os.urandom(1 << 20)

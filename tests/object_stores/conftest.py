@@ -5,7 +5,7 @@ cannot run here, the tests that use it skip."""
 
 import pytest
 
-from bench.object_stores import Unavailable, start_fake_gcs, start_seaweedfs
+from bench.peers.object_stores import Unavailable, start_fake_gcs, start_seaweedfs
 
 
 def _serve(start, folder):

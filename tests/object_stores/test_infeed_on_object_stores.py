@@ -19,8 +19,8 @@ from infeed.tfrecord import expand_files, filesystems, reader
 from infeed.tfrecord.filesystems import unregister_filesystem
 from infeed.tfrecord.index import index_path, load_index
 
-from bench.object_stores import GcsServer
-from bench.store_proxy import StoreProxy, gcs_rate_limited, s3_slow_down
+from bench.peers.object_stores import GcsServer
+from bench.peers.store_proxy import StoreProxy, gcs_rate_limited, s3_slow_down
 
 SPEC = {"x": infeed.FixedLen((3,), "float32"), "label": infeed.FixedLen((), "int64")}
 RECORDS = [infeed.encode_example({"x": [float(i), -1.0, 0.5], "label": [i]}) for i in range(120)]

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pyarrow.fs as pafs
 import pytest
 
-from bench.object_stores import GcsServer
+from bench.peers.object_stores import GcsServer
 
 DATA = bytes(range(256)) * 41 + b"end"          # 10499 bytes; a range read at the wrong offset shows
 

@@ -19,9 +19,9 @@ from datetime import timedelta
 import pyarrow.fs as pafs
 import pytest
 
-from bench.store_proxy import (THREAD_PREFIX, ProxyServer, Requests, StoreProxy, gcs_rate_limited, s3_slow_down)
+from bench.peers.store_proxy import THREAD_PREFIX, ProxyServer, Requests, StoreProxy, gcs_rate_limited, s3_slow_down
 
-from bench.object_stores import GcsServer
+from bench.peers.object_stores import GcsServer
 
 DATA = bytes(range(256)) * 41 + b"end"          # 10499 bytes; a range read at the wrong offset shows
 LATENCY = 0.05

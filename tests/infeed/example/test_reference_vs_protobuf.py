@@ -19,7 +19,7 @@ pb = pytest.importorskip("google.protobuf")
 from google.protobuf.message import DecodeError as ProtobufDecodeError  # noqa: E402
 
 import reference as ref  # noqa: E402
-from bench.example_proto import example_class  # noqa: E402
+from bench.peers.example_proto import example_class  # noqa: E402
 from test_properties import PROFILE, examples, same  # noqa: E402
 
 

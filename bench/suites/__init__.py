@@ -1,0 +1,3 @@
+"""The suites of ``python -m bench``, one module each (``<name>_suite.py``), with what only one suite uses: the train
+suite's measuring process (``train_measure``), the images suite's kernel alone (``image_kernel``). Nothing is
+imported here: a suite's measuring process runs its module (``python -m bench.suites.<module>``)."""
