@@ -1,4 +1,4 @@
-"""``bench.store_proxy`` between pyarrow and the loopback stores: objects written, read whole and by range and listed
+"""``bench.peers.store_proxy`` between pyarrow and the loopback stores: objects written, read whole and by range and listed
 through it; its latency per request, with connections served side by side; pyarrow's retries past S3's SlowDown,
 GCS's 429 and 503 and a reset connection, and no retry where none is allowed; a clean stop. Against a plain server
 of the test's own: bodies (chunked with trailers, ``Expect: 100-continue``, HEAD) and the Host header pass through
