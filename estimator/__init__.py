@@ -12,10 +12,9 @@ from estimator.errors import (ArgumentTypeError, CheckpointMismatchError, Checkp
                               ExportIntegrityError, InputError, InvalidArgumentError, MissingDependencyError,
                               ModelFnError, NoCheckpointError, NonFiniteError, NotAnExportError, StepRngError)
 from estimator.estimator import Estimator
-from estimator.export import LoadedModel, TensorSpec, load_exported
-from estimator.export_integrity import export_digest
+from estimator.export import LoadedModel, TensorSpec, export_digest, load_exported
+from estimator.loop import step_rng
 from estimator.spec import EstimatorSpec, ModeKeys
-from estimator.steps import step_rng
 from estimator.training import EvalSpec, TrainSpec, train_and_evaluate
 
 __all__ = ["ArgumentTypeError", "CheckpointMismatchError", "CheckpointSaveError", "CorruptCheckpointError",

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 from jax.sharding import PartitionSpec as P
 
-from estimator.checkpoint_storage import check_checkpoint_storage
+from estimator.checkpoints.storage import check_checkpoint_storage
 from estimator.errors import InvalidArgumentError
-from estimator.writers.protocol import check_writer_entries
-from estimator.writers.tensorboard import TensorBoardWriter
+from estimator.summaries.writers.protocol import check_writer_entries
+from estimator.summaries.writers.tensorboard import TensorBoardWriter
 
 __all__ = ["RunConfig"]
 
@@ -87,7 +87,7 @@ class RunConfig:
     require_resumable_input: ``train`` raises ``InputError`` before any step when its input cannot save its
         position (an iterable whose iterator has no ``get_state()``/``set_state()``: a list, a generator);
         False (the default): a WARNING says that such an input reads again from its beginning on the next
-        ``train`` and after a restore. See ``estimator.resumable``.
+        ``train`` and after a restore. See ``estimator.loop.resumable``.
     distributed: call ``jax.distributed.initialize()`` (multi-host): with ``coordinator_address``,
         ``num_processes`` and ``process_id`` when given, else as JAX finds them in the environment.
     compilation_cache_dir: a directory (or URI) where JAX's persistent compilation cache keeps every
@@ -105,7 +105,7 @@ class RunConfig:
         ``(TensorBoardWriter,)``, event files as TensorBoard reads them; add
         ``estimator.writers.JsonLinesWriter`` for ``metrics.jsonl`` files, or your tracker's writer. An
         entry that is neither raises ``InvalidArgumentError`` naming it and the methods it lacks. See
-        ``estimator/writers/`` and docs/porting.md.
+        ``estimator/summaries/writers/`` and docs/porting.md.
     """
 
     model_dir: str

@@ -51,7 +51,7 @@ class InputError(EstimatorError, TypeError, ValueError):
     ``(features, labels)`` pairs (a ``TypeError``), or batches of another size than the mode's, or no
     batch at all (a ``ValueError``), or a training input that cannot save or take its position (one
     without ``get_state``/``set_state`` under ``RunConfig.require_resumable_input``, a state that is not
-    JSON, a checkpointed position of another kind of input: :mod:`estimator.resumable`); likewise the
+    JSON, a checkpointed position of another kind of input: :mod:`estimator.loop.resumable`); likewise the
     features given to an exported model
     (:class:`estimator.LoadedModel`): not a dict, or a feature of another dtype (a ``TypeError``),
     missing, unknown or of another shape (a ``ValueError``)."""

@@ -26,21 +26,21 @@ import jax.numpy as jnp
 import numpy as np
 
 import xla_runtime as xr
-from estimator.checkpoints import Checkpoints
+from estimator.checkpoints.manager import Checkpoints
+from estimator.checkpoints.warm_start import warm_start
 from estimator.config import RunConfig
 from estimator.errors import ArgumentTypeError, InputError, InvalidArgumentError, ModelFnError, NoCheckpointError
-from estimator.eval_totals import EvalTotals
-from estimator.export import export_model
-from estimator.export_integrity import export_digest
+from estimator.export.integrity import export_digest
+from estimator.export.saving import export_model
 from estimator.hooks import HookRunner
-from estimator.inputs import Input, fetch, local_part, split_batch
+from estimator.loop.bookkeeping import TrainBookkeeping, checkpointed_input
+from estimator.loop.eval_totals import EvalTotals
+from estimator.loop.inputs import Input, fetch, local_part, split_batch
+from estimator.loop.progress import batch_bar, default_log_handler
+from estimator.loop.steps import ModelSteps, trainable
 from estimator.profiling import ProfileWindow
-from estimator.progress import batch_bar, default_log_handler
 from estimator.spec import EstimatorSpec, ModeKeys
-from estimator.steps import ModelSteps, trainable
-from estimator.train_loop import TrainBookkeeping, checkpointed_input
-from estimator.warm_start import warm_start
-from estimator.writers.run_writers import RunWriters, hparams_of
+from estimator.summaries.writers.run_writers import RunWriters, hparams_of
 
 if TYPE_CHECKING:
     import optax
@@ -223,7 +223,7 @@ class Estimator:
         it too, and the next call resumes from the latest checkpoint.
 
         An iterable input resumes exactly as well when its iterator has
-        ``get_state()`` / ``set_state()`` (Grain's; see :mod:`estimator.resumable`);
+        ``get_state()`` / ``set_state()`` (Grain's; see :mod:`estimator.loop.resumable`);
         one without is warned of, or refused (``RunConfig.require_resumable_input``).
         ``hooks``: :class:`estimator.hooks.Hook` objects, told of each loop on the host (after
         ``RunConfig.stop_on_nan``'s :class:`~estimator.hooks.StopOnNaN`); one may end training early

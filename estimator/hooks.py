@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from estimator.errors import ArgumentTypeError, InvalidArgumentError, NonFiniteError
-from estimator.inputs import fetch
+from estimator.loop.inputs import fetch
 
 __all__ = ["BestExporter", "CheckpointContext", "EarlyStopping", "EndContext", "EvaluationContext", "Hook",
            "LoopContext", "StepTimeLogger", "StopOnNaN"]

@@ -38,7 +38,7 @@ class EstimatorSpec:
         training step, in order, after its loop (tensors stacked by the loop). When it returns
         ``{tag: value}``, each value is written at ``step`` to every ``RunConfig.writers`` writer:
         numbers as scalars, uint8 [H, W, C] / [N, H, W, C] as images, other arrays as histograms,
-        strings as text (see ``estimator.writers.values``); None writes nothing.
+        strings as text (see ``estimator.summaries.writers.values``); None writes nothing.
     updates: the new values of the non-trainable collections (e.g.
         ``{"batch_stats": ...}``), merged into the variables after the step.
     export_outputs: unused by the estimator; kept for TPUEstimator code that sets it.

@@ -1,7 +1,11 @@
-"""The tree's layers hold: each package and each of infeed's sub-packages imports only the ones below it.
+"""The tree's layers hold: each package, and each sub-package of infeed and estimator, imports only the ones below it.
 
     estimator  ->  xla_runtime, infeed          (xla_runtime and infeed never import each other or estimator)
     infeed:  commands -> daemon -> ring -> example -> tfrecord -> errors
+    estimator:  estimator.py, training.py, hooks.py, profiling.py -> loop -> config -> checkpoints -> export
+                                                                    summaries.writers -> summaries -> errors
+                (checkpoints, export and summaries never import the loop, the config or each other but for
+                warm starts from an export; regular_files sits under checkpoints and export, errors under all)
 
 Read from the sources' import statements (lazy imports inside functions included), so a cycle or an
 import against the flow fails here, before it is a tangle.
@@ -20,6 +24,23 @@ ROOT = Path(__file__).resolve().parents[1]
 INFEED_LAYERS = ["errors", "tfrecord", "example", "ring", "daemon", "commands"]
 #: What each package may import of the project.
 PACKAGES = {"infeed": {"infeed"}, "xla_runtime": {"xla_runtime"}, "estimator": {"estimator", "infeed", "xla_runtime"}}
+#: estimator's parts (a module or a sub-package, by dotted path under estimator/; the longest that holds a module
+#: is its part) and what else each may import of estimator. A part not named here (estimator.py, training.py,
+#: hooks.py, profiling.py and the faces: what a user calls) may import any; a named part never imports those.
+ESTIMATOR_LAYERS = {
+    "errors": set(),
+    "regular_files": set(),                          # shared by checkpoints' and exports' digests
+    "spec": {"errors"},
+    "metrics": {"errors"},
+    "export": {"errors", "regular_files"},
+    "checkpoints": {"errors", "regular_files", "export"},     # export: warm starts from an export's variables
+    "summaries": {"errors"},                         # data and event files, under the writers
+    "summaries.writers": {"errors", "summaries"},
+    "config": {"errors", "checkpoints", "summaries.writers"},
+    "loop": {"errors", "spec", "metrics", "config", "checkpoints", "summaries", "summaries.writers"},
+}
+#: How a check names an import of a name from ``estimator/__init__.py`` (``from estimator import RunConfig``).
+FACE = "estimator's face"
 
 
 #: Cython's imports and cimports (its sources are not Python's syntax).
@@ -85,6 +106,70 @@ def test_infeed_sub_packages_import_only_downwards():
                 wrong.append(f"infeed/{path.relative_to(ROOT / 'infeed')}:{line} imports {module} "
                              f"({there} is above {here})")
     assert not wrong, "\n".join(wrong)
+
+
+def _estimator_part(dotted: str) -> str | None:
+    """The part of ``estimator.<dotted>`` (a module, or a name in one): the longest of :data:`ESTIMATOR_LAYERS`
+    that holds it; ``None`` for a part not named there; :data:`FACE` for a name of ``estimator/__init__.py``."""
+    names = dotted.split(".")
+    if not (ROOT / "estimator" / names[0]).is_dir() and not (ROOT / "estimator" / f"{names[0]}.py").is_file():
+        return FACE
+    return next((".".join(names[:n]) for n in range(len(names), 0, -1) if ".".join(names[:n]) in ESTIMATOR_LAYERS),
+                None)
+
+
+def _against_the_flow(here: str | None, module: str) -> bool:
+    """Whether a module of the part ``here`` may not import ``module``."""
+    if here is None or module.split(".")[0] != "estimator" or module == "estimator":
+        return False                                 # not ours, or `from estimator import x`'s package itself
+    there = _estimator_part(module.removeprefix("estimator."))
+    return there != here and there not in ESTIMATOR_LAYERS[here]
+
+
+def test_estimator_parts_import_only_the_parts_below_them():
+    wrong = []
+    for path in _sources("estimator"):
+        inside = path.relative_to(ROOT / "estimator").with_suffix("").parts
+        inside = inside[:-1] if inside[-1] == "__init__" else inside          # a package's face: the package
+        here = _estimator_part(".".join(inside)) if inside else None          # estimator/__init__.py: the top
+        wrong += [f"estimator/{path.relative_to(ROOT / 'estimator')}:{line} imports {module} "
+                  f"({_estimator_part(module.removeprefix('estimator.'))} is not under {here})"
+                  for line, module in _imports(path) if _against_the_flow(here, module)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_estimator_layer_check_finds_an_import_against_the_flow():
+    assert _against_the_flow("checkpoints", "estimator.loop.bookkeeping")          # checkpoints under the loop
+    assert _against_the_flow("export", "estimator.checkpoints.manager")            # export under checkpoints
+    assert _against_the_flow("summaries", "estimator.summaries.writers.values")    # data under the writers
+    assert _against_the_flow("loop", "estimator.hooks") and _against_the_flow("loop", "estimator.estimator.Estimator")
+    assert _against_the_flow("config", "estimator.RunConfig")                      # through the package's face
+    assert not _against_the_flow("loop", "estimator.checkpoints.manager.Checkpoints")
+    assert not _against_the_flow("summaries.writers", "estimator.summaries.data")
+    assert not _against_the_flow(None, "estimator.loop.inputs")                    # estimator.py drives them all
+    assert _estimator_part("summaries.writers.run_writers") == "summaries.writers"
+    assert _estimator_part("estimator") is None and _estimator_part("writers") is None
+
+
+def _faces() -> list[Path]:
+    """estimator's faces: each package's ``__init__.py``, and ``writers.py`` (the writers' public name)."""
+    return sorted(ROOT.glob("estimator/**/__init__.py")) + [ROOT / "estimator" / "writers.py"]
+
+
+@pytest.mark.parametrize("face", _faces(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_estimator_faces_only_re_import(face):
+    """A face holds its docstring, imports and ``__all__`` (every name it imports, and no other): the code is in
+    the modules behind it, where a reader of the tree finds it."""
+    tree = ast.parse(face.read_text())
+    imported, listed = set(), None
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["__all__"]:
+            listed = set(ast.literal_eval(node.value))
+        else:
+            assert node is tree.body[0] and isinstance(node, ast.Expr), f"line {node.lineno}: a face only re-imports"
+    assert listed == imported
 
 
 def _private(name: str) -> bool:

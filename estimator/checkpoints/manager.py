@@ -18,7 +18,7 @@ Nothing is pickled.
 renames it to ``<step>`` once every file is written (on object stores without
 an atomic rename it writes ``commit_success.txt`` last instead). Just before
 that, the digest manifest ``estimator_digests.json`` (each file's size and
-SHA-256; :mod:`estimator.checkpoint_manifest`) is written into the same
+SHA-256; :mod:`estimator.checkpoints.manifest`) is written into the same
 directory, so it appears with the checkpoint. A save cut short (the process
 killed at any point) leaves only the temporary directory:
 :meth:`Checkpoints.all_steps` and :meth:`Checkpoints.latest_step` list
@@ -41,7 +41,7 @@ its commit file is deleted first instead: a deletion cut short leaves an
 uncommitted ``<step>``, which is not listed and which the next writer removes.
 
 **Object stores.** ``gs://`` as orbax writes it (through gcsfs or TensorFlow's
-gfile, and tensorstore): :mod:`estimator.checkpoint_storage` refuses what would
+gfile, and tensorstore): :mod:`estimator.checkpoints.storage` refuses what would
 not work before anything is written (other schemes, no client, no credentials,
 an emulator only one of the two clients would use).
 
@@ -64,7 +64,7 @@ crash between the two loses that step, never older ones).
 its part of the global arrays and orbax coordinates them (barriers, one
 process writes the metadata and renames); every process calls ``restore``
 with the same target shardings. :meth:`Checkpoints.restore_numpy`
-(and :func:`estimator.warm_start.warm_start`) read whole arrays on each process.
+(and :func:`estimator.checkpoints.warm_start.warm_start`) read whole arrays on each process.
 """
 
 from __future__ import annotations
@@ -83,13 +83,13 @@ import jax
 import numpy as np
 from etils import epath
 
-from estimator.checkpoint_manifest import COMMIT_FILE, MANIFEST, STEP_METADATA, verify_manifest, write_manifest
-from estimator.checkpoint_storage import check_checkpoint_storage
+from estimator.checkpoints.manifest import COMMIT_FILE, MANIFEST, STEP_METADATA, verify_manifest, write_manifest
+from estimator.checkpoints.storage import check_checkpoint_storage
 from estimator.errors import CheckpointMismatchError, CheckpointSaveError, InvalidArgumentError, NoCheckpointError
 
 __all__ = ["Checkpoints"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("estimator.checkpoints")     # the name users configure: the package, not this module
 
 _STEP = re.compile(r"(0|[1-9][0-9]*)")
 _LEFTOVER = re.compile(r"(0|[1-9][0-9]*)\.orbax-checkpoint-tmp(-[0-9]+)?|\.(0|[1-9][0-9]*)\.deleting")

@@ -21,9 +21,9 @@ import jax
 import numpy as np
 from etils import epath
 
-from estimator.checkpoints import Checkpoints, path_names
+from estimator.checkpoints.manager import Checkpoints, path_names
 from estimator.errors import CheckpointMismatchError, NoCheckpointError
-from estimator.export import is_export, read_exported_variables
+from estimator.export.loading import is_export, read_exported_variables
 
 __all__ = ["warm_start"]
 

@@ -16,12 +16,12 @@ import jax
 import numpy as np
 from jax.profiler import TraceAnnotation
 
-from estimator.checkpoints import Checkpoints
+from estimator.checkpoints.manager import Checkpoints
 from estimator.config import RunConfig
 from estimator.errors import CheckpointMismatchError
-from estimator.inputs import fetch, gather_json
-from estimator.progress import StepLogger
-from estimator.writers.run_writers import RunWriters
+from estimator.loop.inputs import fetch, gather_json
+from estimator.loop.progress import StepLogger
+from estimator.summaries.writers.run_writers import RunWriters
 
 __all__ = ["TrainBookkeeping", "checkpointed_input"]
 

@@ -17,7 +17,7 @@ position (epoch, batch, seed). An iterable does when the iterator ``iter()``
 gives for it has Grain's ``get_state()`` (JSON or bytes) and
 ``set_state(state)``: a ``grain.DataLoader``, a ``grain.MapDataset`` or
 ``IterDataset``, any iterator of yours with the two methods
-(:mod:`estimator.resumable`); its state is taken after each batch is pulled
+(:mod:`estimator.loop.resumable`); its state is taken after each batch is pulled
 and travels with that batch. Any other iterable (a list, a generator) starts
 again from its beginning: ``train`` warns of it, or refuses it with
 ``RunConfig(require_resumable_input=True)``.
@@ -47,8 +47,8 @@ from jax.profiler import TraceAnnotation
 from jax.sharding import PartitionSpec as P
 
 import infeed
-from estimator import resumable
 from estimator.errors import InputError
+from estimator.loop import resumable
 from infeed.daemon.dataset import PADDING_KEY
 from xla_runtime import Feeder
 
@@ -220,7 +220,7 @@ def _as_batch(item, batch_size: int, exact: bool) -> dict:
 class _Stacked:
     """Host batches of ``items`` stacked ``steps`` at a time (fewer at the end).
 
-    With ``snapshot`` (the iterator's state as JSON, :func:`estimator.resumable.snapshot`), it is
+    With ``snapshot`` (the iterator's state as JSON, :func:`estimator.loop.resumable.snapshot`), it is
     taken right after each item is pulled: :meth:`state` is the list of the states after each batch
     of the last stack made, which the Feeder reads on its thread right after taking that stack and
     hands back with it (``Feeder.state``), so prefetched stacks never move the position saved.

@@ -23,7 +23,7 @@ Grain's iterators have them: what iterating a ``grain.MapDataset`` or
 (1, 2)
 >>> saved = snapshot(c)
 >>> saved
-{'kind': 'get_state', 'iterator': 'estimator.resumable.Counter', 'json': {'i': 2}}
+{'kind': 'get_state', 'iterator': 'estimator.loop.resumable.Counter', 'json': {'i': 2}}
 >>> restore(Counter(), saved, "a Counter")
 
 The state is taken right after each item is pulled and travels with the

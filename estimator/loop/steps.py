@@ -22,7 +22,7 @@ from jax.extend.core import Literal
 import xla_runtime as xr
 from estimator import metrics as metrics_lib
 from estimator.errors import ModelFnError, StepRngError
-from estimator.inputs import split_batch
+from estimator.loop.inputs import split_batch
 from estimator.spec import EstimatorSpec, ModeKeys
 
 _log = logging.getLogger("estimator")

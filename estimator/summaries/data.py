@@ -1,7 +1,7 @@
 """Arrays made ready for summaries: a histogram's statistics and buckets, images as uint8 and as PNG files.
 
-Shared by the TensorBoard event-file writer (``estimator.summaries``) and the JSON-lines writer
-(``estimator.writers.jsonlines``), so both write the same buckets and the same pixels.
+Shared by the TensorBoard event-file writer (``estimator.summaries.event_files``) and the JSON-lines writer
+(``estimator.summaries.writers.jsonlines``), so both write the same buckets and the same pixels.
 
 >>> h = histogram([0.0, 1.0, 1.0, 3.0], num_buckets=3)
 >>> h.count, h.min, h.max, h.edges, h.counts

@@ -13,7 +13,7 @@ serialized ``Event`` protos. The few fields used here are encoded by hand::
 
 :class:`SummaryWriter` writes scalars (``simple_value``, which TensorBoard
 shows in its Scalars tab), text (a string tensor for the text plugin),
-histograms (``histo``: equal-width buckets, see :mod:`estimator.summary_data`),
+histograms (``histo``: equal-width buckets, see :mod:`estimator.summaries.data`),
 images (``image``: PNG) and hyperparameters (the hparams plugin's
 ``SessionStartInfo``) into ``events.out.tfevents.<time>.<host>.<pid>.<n>``
 under its log directory: what TensorBoard's Scalars, Text, Histograms,
@@ -49,7 +49,7 @@ from typing import Self
 import numpy as np
 
 from estimator.errors import CorruptSummaryError, InvalidArgumentError
-from estimator.summary_data import as_image_batch, encode_png, histogram
+from estimator.summaries.data import as_image_batch, encode_png, histogram
 from infeed.example.codec import varint
 from infeed.tfrecord import TFRecordWriter, expand_files, read_records
 
@@ -231,7 +231,7 @@ class SummaryWriter:
     def image(self, tag: str, image, step: int, *, wall_time: float | None = None) -> None:
         """Writes an image ([H, W, C]) under ``tag``, or a batch ([N, H, W, C]) under ``tag/0`` ... ``tag/N-1``,
         as PNG, for TensorBoard's Images tab. C is 1 (grey), 2 (grey and alpha), 3 (RGB) or 4 (RGBA); pixels
-        uint8, or floats in [0, 1] (see :func:`estimator.summary_data.as_image_batch`)."""
+        uint8, or floats in [0, 1] (see :func:`estimator.summaries.data.as_image_batch`)."""
         images, batch = as_image_batch(image, tag=tag)
         tags = [f"{tag}/{i}" for i in range(len(images))] if batch else [tag]
         self._append(_event(time.time() if wall_time is None else wall_time, _step(step),

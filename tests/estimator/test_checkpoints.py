@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import estimator as est
 from estimator.checkpoints import Checkpoints
-from estimator.warm_start import warm_start
+from estimator.checkpoints.warm_start import warm_start
 
 
 def _params(scale=1.0):

@@ -11,8 +11,8 @@ import optax
 import pytest
 
 import estimator as est
-from estimator import progress
-from estimator.progress import StepLogger, default_log_handler
+from estimator.loop import progress
+from estimator.loop.progress import StepLogger, default_log_handler
 
 
 class FakeClock:

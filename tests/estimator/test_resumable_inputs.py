@@ -13,8 +13,8 @@ import optax
 import pytest
 
 import estimator as est
-from estimator import resumable
 from estimator.checkpoints import Checkpoints
+from estimator.loop import resumable
 
 B, D = 8, 3                     # the global batch: a multiple of the 8 CPU devices
 

@@ -22,11 +22,11 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 import estimator as est
 from estimator.summaries import SummaryWriter, read_scalars
-from estimator.summary_data import histogram
+from estimator.summaries.data import histogram
+from estimator.summaries.writers.run_writers import RunWriters, hparams_of
+from estimator.summaries.writers.values import sort_values
 from estimator.writers import (Histogram, Image, JsonLinesWriter, MetricWriter, TensorBoardWriter,
                                read_metrics)
-from estimator.writers.run_writers import RunWriters, hparams_of
-from estimator.writers.values import sort_values
 
 D, C = 6, 3
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ import pytest
 
 import estimator as est
 import infeed
-from estimator import checkpoints as checkpoints_module
-from estimator.checkpoint_manifest import COMMIT_FILE, MANIFEST
 from estimator.checkpoints import Checkpoints
+from estimator.checkpoints import manager as checkpoints_module
+from estimator.checkpoints.manifest import COMMIT_FILE, MANIFEST
 
 pytest.importorskip("gcsfs", reason="gs:// checkpoints need gcsfs (the gcs extra)")
 

@@ -21,10 +21,10 @@ import pytest
 
 import estimator as est
 import xla_runtime
-from estimator.checkpoint_manifest import MANIFEST
 from estimator.checkpoints import Checkpoints
+from estimator.checkpoints.manifest import MANIFEST
+from estimator.checkpoints.warm_start import warm_start
 from estimator.errors import CheckpointSaveError, CorruptCheckpointError
-from estimator.warm_start import warm_start
 from orbax.checkpoint._src.path import async_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ _TRAINER = """
 import os, signal, sys
 import jax, jax.numpy as jnp
 from tests.reliability.test_checkpoints import train_step, initial_state, STEPS, EVERY, KEEP
-import estimator.checkpoints as checkpoints
+import estimator.checkpoints.manager as checkpoints
 from orbax.checkpoint._src.path import async_path
 
 directory, kill_at = sys.argv[1], sys.argv[2]

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from estimator.checkpoints.warm_start import warm_start
 from estimator.errors import CorruptExportError, ExportIntegrityError, InvalidArgumentError
 from estimator.export import TensorSpec, export_model, load_exported
-from estimator.export_integrity import export_digest
-from estimator.warm_start import warm_start
+from estimator.export.integrity import export_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,7 +177,7 @@ def test_an_untouched_export_loads_and_serves(export):
 
 
 def test_nothing_uses_pickle(export):
-    source = (ROOT / "estimator" / "export.py").read_text()
+    source = "".join(path.read_text() for path in sorted((ROOT / "estimator" / "export").glob("*.py")))
     assert not re.search(r"\bimport\s+\w*pickle|\bpickle\.\w|allow_pickle=True", source)
     assert "np.save" not in source and source.count("write_array(") == 1     # the one write of arrays
     assert "np.lib.format.write_array(member, leaf, allow_pickle=False)" in source

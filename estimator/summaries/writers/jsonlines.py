@@ -46,7 +46,7 @@ from typing import Any, Self
 import numpy as np
 
 from estimator.errors import InvalidArgumentError
-from estimator.summary_data import as_image_batch, encode_png, histogram
+from estimator.summaries.data import as_image_batch, encode_png, histogram
 
 __all__ = ["JsonLinesWriter", "read_metrics"]
 

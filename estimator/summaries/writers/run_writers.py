@@ -22,8 +22,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Self
 
-from estimator.writers.protocol import check_metric_writer, is_writer_factory
-from estimator.writers.values import sort_values
+from estimator.summaries.writers.protocol import check_metric_writer, is_writer_factory
+from estimator.summaries.writers.values import sort_values
 
 __all__ = ["RunWriters", "hparams_of"]
 
@@ -141,7 +141,7 @@ class RunWriters:
             w.write_hparams(hparams)
 
     def write_values(self, step: int, values: Mapping[str, Any] | None, where: str = "host_call") -> None:
-        """``values`` (a host_call function's return: see :mod:`estimator.writers.values`) sorted by kind and
+        """``values`` (a host_call function's return: see :mod:`estimator.summaries.writers.values`) sorted by kind and
         written; None writes nothing. Checked in every process, written in the active one."""
         if values is None:
             return

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Self
 
-from estimator.summaries import SummaryWriter
+from estimator.summaries.event_files import SummaryWriter
 
 __all__ = ["TensorBoardWriter"]
 
