@@ -24,7 +24,7 @@ from infeed.errors import InfeedError, WorkerDied
 from infeed.ring import Ring
 from infeed.ring.orphans import collect as collect_orphans
 from infeed.ring.ring import CLAIMING
-from infeed.ring.slots import REPORTED_ERROR
+from infeed.ring.slots import REPORTED_ERROR, SLOT_ERROR
 from infeed.tfrecord.filesystems import registered_filesystems
 
 __all__ = ["Daemon", "start_workers", "stop_workers"]
@@ -115,7 +115,7 @@ class Daemon(Feed):
                            max_workers=num_workers, lock_memory=lock_memory, meta=meta)
         ring.count_taken(-1, start, 0)
         self._procs: list = []
-        #: Workers killed or crashed owing no batch: the first batch not published when each was seen dead.
+        #: Workers killed, crashed or failed owing no batch: the first batch each fails (see _check_workers).
         self._lost_at: dict[int, int] = {}
         try:
             self._procs = start_workers(ring, dataset, num_workers, start)
@@ -138,13 +138,15 @@ class Daemon(Feed):
         By the claims in the ring (``Ring.worker_claims``: units are dealt to whichever worker is free), the
         worker to blame is one that ended owing ``seq``, or one that ended holding ``seq``'s slot, taken before
         its turn. A batch published in its slot is handed out whoever has died since, and a worker that ended
-        owing only later batches fails none before them (the others deliver those). A worker killed or crashed
-        owing no batch (none taken, or it died taking one, or it never registered: its entry is zeros, not
-        claims) fails the input at the first check at or past the first batch not yet published when its
-        death was first seen. Where every worker has ended, the first that did not end cleanly (or any) owes
-        ``seq``. So a death surfaces after every good batch before it: :class:`~infeed.WorkerDied` with the
-        signal or exit status for a process killed or crashed, the worker's own exception (with its
-        traceback) for one that failed and said why.
+        owing only later batches fails none before them (the others deliver those). A worker killed, crashed
+        or failed with its own error owing no batch (none taken, or it died taking one, or it never
+        registered: its entry is zeros, not claims) fails the input at the first check at or past the first
+        batch not yet published when its end was first seen, or, for an error it recorded at a later unit
+        (reading through the others' batches), at that unit. Where every worker has ended, the first that did
+        not end cleanly (or any) owes ``seq``. So a death surfaces after every good batch before it:
+        :class:`~infeed.WorkerDied` with the signal or exit status for a process killed or crashed, the
+        worker's own exception (with its traceback, and a note naming the worker) for one that failed and
+        said why.
         """
         codes = [p.poll() for p in self._procs]
         if all(code is None for code in codes):
@@ -156,17 +158,28 @@ class Daemon(Feed):
         state, last = ring.slot_state(seq % slots)
         filled = (state, last) == ("filled", seq)
         ended = [k for k, code in enumerate(codes) if code is not None]
-        crashed = [k for k in ended if codes[k] not in (0, REPORTED_ERROR)]
-        for k in crashed:
+        failed = [k for k in ended if codes[k] != 0]                # killed, crashed, or failed saying why
+        crashed = [k for k in failed if codes[k] != REPORTED_ERROR]
+        record = ring.error() if REPORTED_ERROR in (codes[k] for k in failed) else None
+
+        def recorded(k: int) -> bool:       # worker k's own error is the ring's record
+            return codes[k] == REPORTED_ERROR and record is not None and record.pid == self._procs[k].pid
+
+        for k in failed:
             if k not in self._lost_at and (k not in pids or not claims[k] or CLAIMING in claims[k]):
                 first = seq         # owing no batch: the first batch not published now is the first it fails
                 while first < seq + slots and ring.slot_state(first % slots) == ("filled", first):
                     first += 1
+                if recorded(k) and record.unit is not None:
+                    first = max(first, record.unit)      # an error at a later unit: the batches before it come
                 self._lost_at[k] = first
-        owner = next((k for k, first in self._lost_at.items() if first <= seq), None)
-        if owner is not None:
+        due = [k for k, first in self._lost_at.items() if first <= seq]
+        if due and filled and ring.slot_info(seq % slots).flags & SLOT_ERROR:
+            return          # the batch carries a failure at its place: the feed raises it there
+        if due:
+            owner = next((k for k in due if recorded(k)), due[0])
             how = ("never registered" if owner not in pids else "died taking a batch" if CLAIMING in claims[owner]
-                   else "owed no batch")
+                   else "failed owing no batch" if codes[owner] == REPORTED_ERROR else "owed no batch")
             detail = f"which {how}; the input stops at batch {seq}"
         elif filled:
             return
@@ -180,16 +193,24 @@ class Daemon(Feed):
         if owner is None:
             if any(code is None for code in codes):
                 return          # seq comes from a live worker: the dead owe later batches
-            failed = [k for k in ended if codes[k] != 0]
             owner = crashed[0] if crashed else failed[0] if failed else 0
             detail = f"every worker has ended; batch {seq} is the first not delivered"
         proc, code = self._procs[owner], codes[owner]
         if code not in (0, REPORTED_ERROR):
             raise WorkerDied(proc.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
                              detail=f"worker {owner}, {detail}")
-        error = self.ring.error()
+        error = ring.error()
+        if code == REPORTED_ERROR and owner in due and not recorded(owner):
+            # Another process's failure took the record first: this worker's own is on its stderr alone.
+            held = "" if error is None else f" (it holds process {error.pid}'s: {error.message:.200})"
+            raise WorkerDied(proc.pid, exitcode=code, detail=f"worker {owner}, {detail}; its error is not in the "
+                                                            f"ring's error record{held}")
         if error is not None:
-            error.raise_()
+            who = f"infeed worker {owner} (pid {proc.pid}), {detail}"
+            by = next((k for k, p in enumerate(self._procs) if p.pid == error.pid), None)
+            error.raise_(f"(raised in {who})" if by == owner else
+                         f"(raised in {f'infeed worker {by}' if by is not None else 'process'} (pid {error.pid}); "
+                         f"the input stops at {who})")
         raise InfeedError(f"worker {owner} (pid {proc.pid}) ended without batch {seq}")
 
     def close(self) -> None:

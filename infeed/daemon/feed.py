@@ -37,7 +37,7 @@ SPIN = 0.0002
 STALL_WARNING = 60.0
 #: The name of the event that ``Feed.annotate`` wraps around each wait for a filled slot.
 WAIT_EVENT = "infeed/wait_for_slot"
-#: How often the producers are checked between waits (ns): a worker dead while owing no batch yet surfaces then.
+#: How often the producers are checked between waits (ns): a worker ended owing no batch is seen then.
 CHECK_NS = 100_000_000
 #: ... and every this many batches (a poll of each worker: microseconds).
 CHECK_BATCHES = 32

@@ -18,10 +18,13 @@ functions write the slot (:mod:`infeed.daemon.transforms`); they are imported by
 name, with the daemon's ``sys.path`` after the worker's own.
 
 A failure (a corrupt record, a record that does not meet the spec) is written
-to the ring's error record and, by the worker that took the batch where it
-happened, published in that batch's slot, so the consumer raises it right
-there. The worker stops when the consumer asks, and when the ring's creator is
-gone, in which case it also removes the segment.
+to the ring's error record, with the unit the worker was at, and, by the worker
+that took the batch where it happened, published in that batch's slot, so the
+consumer raises it right there. One at no batch of the worker's own (it failed
+setting up, or before taking a unit) is in the record alone: the daemon raises
+it once the worker has ended (``Daemon._check_workers``). The worker stops when
+the consumer asks, and when the ring's creator is gone, in which case it also
+removes the segment.
 """
 
 from __future__ import annotations
@@ -227,8 +230,8 @@ class Producer:
             raise
 
     def _report(self, error: Exception, unit: int, slot: int | None) -> None:
-        """Records ``error``; the owner of ``unit`` also publishes it in that unit's slot."""
-        self.ring.set_error(error)
+        """Records ``error`` (at ``unit``); the owner of ``unit`` also publishes it in that unit's slot."""
+        self.ring.set_error(error, unit=unit)
         if not self._owes(unit):
             return
         try:
@@ -265,14 +268,18 @@ def main() -> int:
     ring = Ring.attach(config["ring"], ds.template(), steps_per_slot=ds.steps_per_slot, populate=True)
     index = int(config["worker"])
     ring.register_worker(index)
+    producer = None
     try:
-        Producer(ds, ring, index, tuple(config["start"])).run()
+        producer = Producer(ds, ring, index, tuple(config["start"]))
+        producer.run()
         return 0
     except Stopped:
         return 0
     except Exception as error:
         if not ring.owner_alive():
             return 0
+        if producer is None:        # failed setting up (its arrays, its transforms), at no unit; run() records its own
+            ring.set_error(error)
         print(f"infeed worker {index} (pid {os.getpid()}): {type(error).__name__}: {error}", file=sys.stderr)
         return REPORTED_ERROR
     finally:

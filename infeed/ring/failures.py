@@ -70,22 +70,26 @@ def _untagged(value):
 
 
 class ProducerFailure(NamedTuple):
-    """A ring's error record: who failed and with what (and where, in ``traceback``)."""
+    """A ring's error record: who failed and with what (and where, in ``traceback``; ``unit``: the unit
+    the producer was at, None where it failed at none)."""
 
     pid: int
     signal: int | None
     exception: BaseException | None
     message: str
     traceback: str = ""
+    unit: int | None = None
 
-    def raise_(self):
+    def raise_(self, note: str | None = None):
         """Raises the producer's exception; one of a type not rebuilt is an InfeedError with its message,
-        both with the producer's traceback as a note."""
-        if self.exception is not None:
-            raise self.exception
-        error = InfeedError(f"process {self.pid} failed: {self.message}")
-        if self.traceback:
-            error.add_note(_PRODUCER_NOTE + self.traceback)
+        both with the producer's traceback as a note (and ``note`` after it, if given)."""
+        error = self.exception
+        if error is None:
+            error = InfeedError(f"process {self.pid} failed: {self.message}")
+            if self.traceback:
+                error.add_note(_PRODUCER_NOTE + self.traceback)
+        if note:
+            error.add_note(note)
         raise error
 
 

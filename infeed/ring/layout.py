@@ -67,7 +67,9 @@ WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("
 #: The fields a worker's record readers count (``STAGE_TOTALS``, stored as they come), last.
 READER_FIELDS = WORKER.names[-len(STAGE_TOTALS):]
 assert READER_FIELDS == STAGE_TOTALS
-ERROR = np.dtype([("set", "<u4"), ("signal", "<i4"), ("pid", "<i8"), ("len", "<u8"), ("_pad", "<u8"),
+#: The error record: the first failure (``Ring.set_error``) and the unit its producer was at (-1: none). ``unit``
+#: was padding before: a writer that leaves it zero says unit 0, the start, which counts as none.
+ERROR = np.dtype([("set", "<u4"), ("signal", "<i4"), ("pid", "<i8"), ("len", "<u8"), ("unit", "<i8"),
                   ("payload", "u1", (ERROR_PAYLOAD,))])
 #: Bytes between two semaphores (each on its own cache line).
 SEM_STRIDE = ALIGN

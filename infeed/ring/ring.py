@@ -581,8 +581,12 @@ class Ring:
                               "namespace) is gone")
 
     # error record -----------------------------------------------------------------------------
-    def set_error(self, error: BaseException | str, pid: int | None = None, signal: int | None = None) -> bool:
+    def set_error(self, error: BaseException | str, pid: int | None = None, signal: int | None = None,
+                  unit: int | None = None) -> bool:
         """Records the first failure (an exception or a message); False if one was there.
+
+        ``unit``: the unit (batch) the producer was at when it failed, where it failed at one (None: before
+        any, such as while it started).
 
         Exceptions travel as JSON (type, constructor arguments, traceback text), never
         as pickles: the reader rebuilds infeed's own errors and built-in exception
@@ -600,6 +604,7 @@ class Ring:
         e = self._error
         e["pid"] = os.getpid() if pid is None else pid
         e["signal"] = -1 if signal is None else signal
+        e["unit"] = -1 if unit is None else unit
         e["len"] = len(payload)
         e["payload"][:len(payload)] = np.frombuffer(payload, np.uint8)
         e["set"] = 1
@@ -611,8 +616,8 @@ class Ring:
         if not e["set"]:
             return None
         message, exc, tb = decode_failure(bytes(e["payload"][:int(e["len"])]))
-        sig = int(e["signal"])
-        return ProducerFailure(int(e["pid"]), None if sig < 0 else sig, exc, message, tb)
+        sig, unit = int(e["signal"]), int(e["unit"])
+        return ProducerFailure(int(e["pid"]), None if sig < 0 else sig, exc, message, tb, None if unit < 0 else unit)
 
     # life cycle -------------------------------------------------------------------------------
     @property

@@ -1,7 +1,9 @@
 """The daemon under fault injection: workers killed, crashed, failing or stalled; the trainer killed
 or interrupted; a whole process group killed; and 200 daemons in a row leaving nothing behind."""
 
+import datetime
 import gc
+import json
 import logging
 import os
 import resource
@@ -26,6 +28,7 @@ from infeed.ring.layout import HEADER
 from infeed.ring.orphans import ring_is_orphan
 from infeed.ring.processes import process_state
 from infeed.ring.segments import SHM_DIR
+from infeed.ring.slots import REPORTED_ERROR, SLOT_ERROR
 
 from .processes import (ROOT, SPEC, alive, children, read_line, reaper, segment_path,  # noqa: F401
                         start_trainer, wait_until, write_files)
@@ -139,6 +142,72 @@ def test_a_worker_killed_before_it_registers_fails_no_batch_the_others_filled(fi
     assert "worker 1, which never registered; the input stops at batch 4" in str(e)
 
 
+#: Worker 1 as the daemon starts it, with a failure injected before its first unit: argv[1] "setup" (its
+#: Producer cannot be made: a MemoryError, as for arrays it cannot allocate) or "start" (run() fails at once:
+#: the file it pins changed, a SourceChangedError with attributes of several types).
+FAILING_WORKER = textwrap.dedent("""
+    import datetime, os, sys
+    import infeed.daemon.worker as worker
+    from infeed.errors import SourceChangedError
+
+    def setup(*args, **kwargs):
+        raise MemoryError("cannot allocate the worker's arrays (injected)")
+
+    def start(*args, **kwargs):
+        raise SourceChangedError("/data/part-1.tfrecord", (40, datetime.datetime(2026, 1, 2, 3, 4, 5)),
+                                 (41, datetime.datetime(2026, 1, 2, 3, 4, 6)), 0)
+
+    if sys.argv[1] == "setup":
+        worker.Producer.__init__ = setup
+    else:
+        worker.Dataset.indexes = start
+    status = worker.main()
+    sys.stderr.flush()
+    os._exit(status)
+""")
+
+
+@pytest.mark.parametrize("where", ["setup", "start"])
+def test_a_worker_failing_before_its_first_unit_raises_its_own_error_naming_it(files, monkeypatch, where):
+    # Worker 0 makes every batch alone: the error must still come, as itself, after the batches published.
+    failing = []
+
+    def start_workers(ring, dataset, workers, start):
+        procs = real_start(ring, dataset, 1, start)
+        proc = subprocess.Popen([sys.executable, "-c", FAILING_WORKER, where], stdin=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, env=daemon_module._worker_environment())
+        config = {"ring": ring.name, "worker": 1, "start": list(start), "dataset": dataset.to_json(),
+                  "sys_path": sys.path, "filesystems": []}
+        proc.stdin.write(json.dumps(config).encode())
+        proc.stdin.close()
+        failing.append(proc)
+        return procs + failing
+    real_start = daemon_module.start_workers
+    monkeypatch.setattr(daemon_module, "start_workers", start_workers)
+    ds = Dataset(files, SPEC, batch_size=2, num_epochs=None)
+    began = time.monotonic()
+    with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=60) as feed:
+        path, workers = feed.ring.path, feed.worker_pids
+        seen = []
+        with pytest.raises(MemoryError if where == "setup" else infeed.SourceChangedError) as info:
+            while time.monotonic() - began < REPORT_WITHIN:         # never endless: worker 0 goes on forever
+                seen.append(next(feed)["id"].tolist())
+        assert failing[0].poll() == REPORTED_ERROR
+    assert seen == [expected_ids(b) for b in range(len(seen))]       # every batch published before it, good
+    e = info.value
+    if where == "setup":
+        assert e.args == ("cannot allocate the worker's arrays (injected)",)
+    else:
+        assert (e.path, e.before, e.after, e.offset, e.record_index) == (
+            "/data/part-1.tfrecord", (40, datetime.datetime(2026, 1, 2, 3, 4, 5)),
+            (41, datetime.datetime(2026, 1, 2, 3, 4, 6)), 0, None)
+    notes = "\n".join(getattr(e, "__notes__", ()))
+    assert "Raised in the producer process" in notes
+    assert (f"(raised in infeed worker 1 (pid {failing[0].pid}), which failed owing no batch; the input stops at "
+            f"batch {len(seen)})") in notes
+    assert not os.path.exists(path) and not any(alive(p) for p in workers)
+
+
 #: Registers as worker argv[2] of ring argv[1], takes argv[3] units, takes slot argv[4] for writing (before
 #: its turn, in these tests), says so, and sends itself signal argv[5].
 HOLDER = textwrap.dedent("""
@@ -219,6 +288,45 @@ def test_a_worker_killed_holding_the_awaited_slot_out_of_turn_is_named_at_that_b
         daemon._check_workers(0)
         with pytest.raises(infeed.WorkerDied, match="worker 0, which owed batch 1"):
             daemon._check_workers(1)
+
+
+#: Registers as worker 0 of ring argv[1], records a corrupt record at unit 5 (one it read through and did not
+#: take), and exits as a worker that said why.
+LATER_ERROR = textwrap.dedent("""
+    import os, sys
+    from infeed.errors import CorruptRecordError
+    from infeed.ring import Ring
+    from infeed.ring.slots import REPORTED_ERROR
+    ring = Ring.attach(sys.argv[1])
+    ring.register_worker(0)
+    ring.set_error(CorruptRecordError("/data/part-1.tfrecord", 10, 1234, "data_crc"), unit=5)
+    ring.close()
+    os._exit(REPORTED_ERROR)
+""")
+
+
+def test_a_worker_error_recorded_at_a_later_unit_fails_no_batch_before_it(files, reaper):
+    # Worker 0 failed at unit 5 owing none; worker 1 (this process, alive) makes batches 0-4 meanwhile.
+    ds = Dataset(files, SPEC, batch_size=2)
+    with Ring.create(ds.template(), 4, max_workers=2, lock_memory=False) as ring:
+        failing = subprocess.Popen([sys.executable, "-c", LATER_ERROR, ring.name],
+                                   env=daemon_module._worker_environment())
+        reaper.popens.append(failing)
+        assert failing.wait(30) == REPORTED_ERROR
+        ring.register_worker(1)
+        daemon = object.__new__(Daemon)
+        daemon.ring, daemon._lost_at = ring, {}
+        daemon._procs = [failing, _Proc(os.getpid(), None)]
+        for seq in range(5):
+            daemon._check_workers(seq)
+        with pytest.raises(infeed.CorruptRecordError) as info:
+            daemon._check_workers(5)
+        assert (info.value.path, info.value.record_index, info.value.offset) == ("/data/part-1.tfrecord", 10, 1234)
+        assert info.value.__notes__[-1] == (f"(raised in infeed worker 0 (pid {failing.pid}), which failed owing no "
+                                            "batch; the input stops at batch 5)")
+        ring.acquire_free(1, timeout=10)            # batch 5's owner publishes the failure in its slot:
+        ring.publish(1, 5, flags=SLOT_ERROR, steps=0)
+        daemon._check_workers(5)                    # the feed raises it there
 
 
 def _damaged_copy(files, tmp_path):

@@ -357,8 +357,20 @@ def test_error_record_keeps_the_first_failure(ring):
     rec = Ring.attach(ring.name).error()
     assert rec.pid == 1234 and isinstance(rec.exception, infeed.DecodeError)
     assert rec.exception.record_index == 12 and "DecodeError" in rec.message
+    assert rec.unit is None                                     # failed at no unit
     with pytest.raises(infeed.DecodeError):
         rec.raise_()
+
+
+def test_error_record_keeps_the_unit_and_raise_adds_a_note():
+    with Ring.create(_template(), slots=2, lock_memory=False) as r:
+        assert r.set_error(infeed.DecodeError("x", 12, "3 floats", "2 floats"), unit=7)
+        rec = Ring.attach(r.name).error()
+        assert rec.unit == 7
+        with pytest.raises(infeed.DecodeError) as info:
+            rec.raise_("(raised in infeed worker 1)")
+        assert info.value.__notes__[-1] == "(raised in infeed worker 1)"
+        assert "Raised in the producer process" in info.value.__notes__[0]
 
 
 def test_error_record_is_json_and_rebuilds_only_known_types(ring):
