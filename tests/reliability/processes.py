@@ -70,6 +70,45 @@ def segment_path(name: str) -> str:
     return os.path.join(SHM_DIR, name)
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live processes (zombies not counted) of process group ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
+            except (OSError, ValueError):
+                continue
+            if int(group) == pgid and state not in ("Z", "X"):
+                found.append(int(entry))
+    return found
+
+
+def kill_server(server: subprocess.Popen, segment: str | None = None, grace: float = 2.0) -> None:
+    """Ends ``server``, started in a session of its own (``start_new_session=True``), with everything it
+    started, whatever state it is in (stopped, hung, exited): SIGKILL to it, ``grace`` seconds for its workers
+    to see it gone and remove its ring, then SIGKILL to what is left of its process group; ``segment`` (a
+    path), if still there, is removed too. Safe to call twice."""
+    if server.poll() is None:
+        server.kill()
+    server.wait()
+    if not wait_until(lambda: not group_members(server.pid), grace):
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        wait_until(lambda: not group_members(server.pid), 10)
+    for stream in (server.stdin, server.stdout):
+        if stream is not None:
+            stream.close()
+    if segment is not None:
+        try:
+            os.unlink(segment)
+        except FileNotFoundError:
+            pass
+
+
 class Reaper:
     """Processes and segments a test made; whatever is left of them at the end is killed and removed."""
 

@@ -18,7 +18,7 @@ from infeed.ring.names import alias_path
 from infeed.ring.orphans import collect, orphans
 from infeed.ring.segments import SHM_DIR
 
-from .processes import ROOT, SPEC, read_line, wait_until, write_files
+from .processes import ROOT, SPEC, kill_server, read_line, wait_until, write_files
 
 
 def _unshare_works() -> str:
@@ -43,18 +43,21 @@ def served(tmp_path):
     config.write_text(json.dumps(ds.to_json()))
     name = f"ns-{os.getpid()}"
     # --kill-child: SIGKILL to unshare is SIGKILL to the server, PID 1 of its namespace, and so to its workers.
+    # Its own session too: whatever ends the test (its server never saying it serves included), the group goes.
     server = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL",
                                sys.executable, "-m", "infeed", "serve", "--config", str(config), "--name", name,
                                "--workers", "2", "--slots", "4", "--no-mlock"],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": ROOT})
-    line = read_line(server)
-    assert line.startswith("serving"), line
-    segment = line.split("(ring ")[1].split(",")[0]
-    yield name, os.path.join(SHM_DIR, segment), server
-    server.kill()
-    server.wait()
-    collect()
+                              env={**os.environ, "PYTHONPATH": ROOT}, start_new_session=True)
+    segment = None
+    try:
+        line = read_line(server)
+        assert line.startswith("serving"), line
+        segment = os.path.join(SHM_DIR, line.split("(ring ")[1].split(",")[0])
+        yield name, segment, server
+    finally:
+        kill_server(server, segment)
+        collect()
 
 
 def test_gc_keeps_a_ring_served_from_another_pid_namespace_and_attach_reads_it(served):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -31,17 +32,64 @@ def files(tmp_path_factory):
     return paths
 
 
-def start_server(tmp_path, ds, name, *extra):
-    config = tmp_path / "ds.json"
-    config.write_text(json.dumps(ds.to_json()))
-    server = subprocess.Popen([sys.executable, "-m", "infeed", "serve", "--config", str(config), "--name", name,
-                               "--slots", "4", "--no-mlock", *extra], stdout=subprocess.PIPE, text=True)
-    line = server.stdout.readline()
-    assert line.startswith("serving"), line
-    return server
+def _group(pgid: int) -> list[int]:
+    """The live processes (zombies not counted) of process group ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
+            except (OSError, ValueError):
+                continue
+            if int(group) == pgid and state not in ("Z", "X"):
+                found.append(int(entry))
+    return found
 
 
-def test_an_attached_trainer_gets_the_daemons_batches_and_the_server_cleans_up(files, tmp_path):
+def _kill(server: subprocess.Popen) -> None:
+    """Kills ``server`` (in a session of its own), then what is left of its group after 2 s (its workers
+    remove the ring once they see it gone)."""
+    if server.poll() is None:
+        server.kill()
+    server.wait()
+    deadline = time.monotonic() + 2
+    while _group(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        os.killpg(server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server.stdout.close()
+
+
+@pytest.fixture
+def start_server():
+    """``start_server(tmp_path, ds, name, *flags)``: an ``infeed serve`` once it says it serves (within 60 s);
+    every one started is killed with its workers after the test, whatever ended it."""
+    started = []
+
+    def start(tmp_path, ds, name, *extra):
+        config = tmp_path / "ds.json"
+        config.write_text(json.dumps(ds.to_json()))
+        server = subprocess.Popen([sys.executable, "-m", "infeed", "serve", "--config", str(config), "--name", name,
+                                   "--slots", "4", "--no-mlock", *extra], stdout=subprocess.PIPE, text=True,
+                                  start_new_session=True)
+        started.append(server)
+        ready, _, _ = select.select([server.stdout], [], [], 60)
+        assert ready, f"infeed serve (pid {server.pid}) printed nothing in 60 s"
+        line = server.stdout.readline()
+        assert line.startswith("serving"), line
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            _kill(server)
+
+
+def test_an_attached_trainer_gets_the_daemons_batches_and_the_server_cleans_up(files, tmp_path, start_server):
     ds = Dataset(files, SPEC, batch_size=8, shuffle_buffer=20, shuffle_files=True, seed=5, final_batch="pad")
     with Daemon(ds, num_workers=1, lock_memory=False) as local:
         want = [b["id"].copy() for b in local]
@@ -58,37 +106,31 @@ def test_an_attached_trainer_gets_the_daemons_batches_and_the_server_cleans_up(f
         infeed.attach("t-attach")
 
 
-def test_a_second_attach_goes_on_where_the_first_stopped(files, tmp_path):
+def test_a_second_attach_goes_on_where_the_first_stopped(files, tmp_path, start_server):
     ds = Dataset(files, SPEC, batch_size=10)
     server = start_server(tmp_path, ds, "t-resume", "--workers", "2")
-    try:
-        with infeed.attach("t-resume", timeout=60) as feed:
-            first = [next(feed)["id"].tolist() for _ in range(3)]
-        with infeed.attach("t-resume", timeout=60) as feed:
-            rest = [b["id"].tolist() for b in feed]
-        assert sum(first + rest, []) == list(range(100))
-        assert server.wait(timeout=20) == 0
-    finally:
-        server.kill()
+    with infeed.attach("t-resume", timeout=60) as feed:
+        first = [next(feed)["id"].tolist() for _ in range(3)]
+    with infeed.attach("t-resume", timeout=60) as feed:
+        rest = [b["id"].tolist() for b in feed]
+    assert sum(first + rest, []) == list(range(100))
+    assert server.wait(timeout=20) == 0
 
 
-def test_a_killed_worker_of_the_server_reaches_the_attached_trainer(files, tmp_path):
+def test_a_killed_worker_of_the_server_reaches_the_attached_trainer(files, tmp_path, start_server):
     ds = Dataset(files, SPEC, batch_size=1, num_epochs=None)
     server = start_server(tmp_path, ds, "t-kill", "--workers", "2")
-    try:
-        with infeed.attach("t-kill", timeout=60) as feed:
-            next(feed)
-            victim = feed.ring.workers()[0]["pid"]
-            os.kill(victim, signal.SIGKILL)
-            began = time.monotonic()
-            with pytest.raises(infeed.WorkerDied) as info:
-                for _ in feed:
-                    pass
-            assert time.monotonic() - began < 10
-        assert info.value.pid == victim and info.value.signal == signal.SIGKILL
-        assert server.wait(timeout=20) == 1
-    finally:
-        server.kill()
+    with infeed.attach("t-kill", timeout=60) as feed:
+        next(feed)
+        victim = feed.ring.workers()[0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        began = time.monotonic()
+        with pytest.raises(infeed.WorkerDied) as info:
+            for _ in feed:
+                pass
+        assert time.monotonic() - began < 10
+    assert info.value.pid == victim and info.value.signal == signal.SIGKILL
+    assert server.wait(timeout=20) == 1
 
 
 def test_stats_reports_fill_rates_and_workers(files, capsys):
