@@ -172,8 +172,11 @@ class WorkerDied(InfeedError):
 class Timeout(InfeedError, TimeoutError):
     """A wait on a ring did not finish in time.
 
-    Attributes: ``what`` (the wait), ``seconds``, and where a worker owes what was
-    awaited, ``worker`` (its index) and ``pid`` (else None).
+    Attributes: ``what`` (the wait), ``seconds``, and where a worker is known to keep
+    what was awaited, ``worker`` (its index) and ``pid`` (else None): the worker
+    holding the awaited batch's slot out of turn (it took the slot for a later
+    batch before that one was written, and has not handed it back) where there
+    is one, else the worker that took the batch. ``what`` names both.
     """
 
     def __init__(self, what, seconds, worker=None, pid=None):
