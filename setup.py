@@ -61,7 +61,7 @@ setup(
         # protobuf only cross-checks the tests' reference decoder; infeed never imports it.
         # tensorboard reads back the event files in tests; scikit-learn ships the digits of `make demo`;
         # grain and flax: the Grain inputs and the Flax models of the tests and of docs/embedding.md.
-        "dev": ["pillow>=11,<14", "pytest>=8,<10", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7", "protobuf>=5,<8",
+        "dev": ["pillow>=11,<14", "pytest>=8,<10", "pytest-xdist>=3.5,<4", "pytest-benchmark>=5,<6", "hypothesis>=6.100,<7", "protobuf>=5,<8",
                 "tensorboard==2.21.0", "scikit-learn==1.9.1", "matplotlib>=3.8,<4", "keras>=3.5,<4",
                 "grain>=0.2.13,<0.3", "flax>=0.12,<0.13",
                 # real object stores on loopback for tests/object_stores: SeaweedFS (S3) and fake-gcs-server (GCS)
