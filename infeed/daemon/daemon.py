@@ -23,8 +23,8 @@ from infeed.daemon.feed import Feed, start_of
 from infeed.errors import InfeedError, WorkerDied
 from infeed.ring import Ring
 from infeed.ring.orphans import collect as collect_orphans
-from infeed.ring.ring import CLAIMING
 from infeed.ring.slots import REPORTED_ERROR, SLOT_ERROR
+from infeed.ring.worker_table import CLAIMING
 from infeed.tfrecord.filesystems import registered_filesystems
 
 __all__ = ["Daemon", "start_workers", "stop_workers"]

@@ -53,11 +53,8 @@ Example::
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import os
 import resource
-import stat
 import time
 import warnings
 import weakref
@@ -65,31 +62,23 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from infeed.errors import AttachError, InfeedError, ShmSpaceError, Timeout, WorkerDied
+from infeed.errors import InfeedError, Timeout
 from infeed.example.spec import Padded
-from infeed.ring import _ring, locks
-from infeed.ring.failures import ProducerFailure, decode_failure, encode_failure
-from infeed.ring.layout import (ERROR, ERROR_PAYLOAD, HEADER, HEADER_SIZE, HEADER_STOP, HEADER_WORDS, MAGIC,
-                                READER_FIELDS, READY, SEM_STRIDE, SLOT, SLOT_WORDS, VERSION, WORKER, WORKER_FIELDS,
-                                WORKER_WORDS, header_problem, layout_from_json, layout_json, layout_of, segment_plan,
-                                slot_plan)
-from infeed.ring.segments import SHM_DIR, create_private, free_bytes, install_sigterm_cleanup, unlink_owned
-from infeed.ring.slots import FILLED, FREE, READING, STATE_NAMES, WRITING, SlotInfo
+from infeed.ring import locks
+from infeed.ring.error_record import ErrorRecord
+from infeed.ring.header import map_checked, open_segment, write_header
+from infeed.ring.layout import (ERROR, HEADER, HEADER_STOP, HEADER_WORDS, READY, SEM_STRIDE, SLOT, SLOT_WORDS, WORKER,
+                                layout_from_json, layout_json, layout_of, segment_plan, slot_plan)
+from infeed.ring.segments import create_reserved, install_sigterm_cleanup, unlink_owned
+from infeed.ring.slots import CHECK_INTERVAL, FILLED, FREE, READING, STATE_NAMES, WRITING, SlotInfo
+from infeed.ring.worker_table import WorkerTable
 
 __all__ = ["Ring"]
 
-_BEAT, _BATCHES, _RECORDS, _BYTES, _SKIPPED, _CLAIM, _NEXT_CLAIM, _DECODE, _WAIT, _READERS = (
-    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "skipped", "claim", "next_claim",
-                               "decode_ns", "wait_ns", READER_FIELDS[0]))
-#: A worker's claim while it takes the next unit (a death then leaves it, not a unit, unaccounted).
-CLAIMING = -2
 #: How long a producer that took a slot before its turn first sleeps before it tries again (seconds) ...
 TURN_SLEEP = 50e-6
 #: ... doubling each time up to this.
 TURN_SLEEP_MAX = 1e-3
-
-#: How often a waiter wakes to check its peer is alive (it wakes at once on a post).
-CHECK_INTERVAL = 0.1
 
 
 def _mlock(mapping) -> int:
@@ -104,8 +93,11 @@ def _release(fd: int, path: str, owner_pid: int | None) -> None:
         unlink_owned(path, owner_pid)
 
 
-class Ring:
-    """A ring of batch slots in shared memory. Make one with :meth:`create` or :meth:`attach`."""
+class Ring(WorkerTable, ErrorRecord):
+    """A ring of batch slots in shared memory. Make one with :meth:`create` or :meth:`attach`.
+
+    Its worker table (claims, registration, counters: :class:`~infeed.ring.worker_table.WorkerTable`) and its
+    error record (:class:`~infeed.ring.error_record.ErrorRecord`) are mixed in."""
 
     def __init__(self, *_, **__):
         raise TypeError("use Ring.create(...) or Ring.attach(name)")
@@ -164,47 +156,15 @@ class Ring:
 
         meta = bytes(meta)
         plan = segment_plan(len(layout_bytes), len(meta), slots, slot_size, max_workers)
-        free = free_bytes()
-        if free < plan.total:
-            raise ShmSpaceError(SHM_DIR, plan.total, free)
-        name, path, fd = create_private()
-        pid = os.getpid()
+        name, path, fd, mapping = create_reserved(plan.total)
         try:
-            os.posix_fallocate(fd, 0, plan.total)
-            mapping = _ring.Mapping(fd, plan.total)
-        except BaseException as exc:
-            os.close(fd)
-            unlink_owned(path, pid)
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOMEM):
-                raise ShmSpaceError(SHM_DIR, plan.total, free_bytes()) from exc
-            raise
-        try:
-            buf = np.frombuffer(mapping, np.uint8)
-            h = np.frombuffer(mapping, HEADER, 1)[0]
-            h["magic"], h["version"], h["layout_hash"] = MAGIC, VERSION, hashlib.sha256(layout_bytes).digest()
-            h["slots"], h["max_workers"], h["slot_size"] = slots, max_workers, slot_size
-            h["creator_pid"], h["creator_uid"], h["steps_per_slot"] = pid, os.getuid(), steps_per_slot
-            h["created_unix_ns"], h["started_ns"] = time.time_ns(), time.monotonic_ns()
-            h["data_offset"], h["total_size"] = plan.data, plan.total
-            h["layout_offset"], h["layout_len"] = plan.layout, len(layout_bytes)
-            h["sem_offset"], h["table_offset"] = plan.semaphores, plan.table
-            h["workers_offset"], h["error_offset"] = plan.workers, plan.error
-            buf[plan.layout:plan.layout + len(layout_bytes)] = np.frombuffer(layout_bytes, np.uint8)
-            h["meta_offset"], h["meta_len"] = plan.meta, len(meta)
-            buf[plan.meta:plan.meta + len(meta)] = np.frombuffer(meta, np.uint8)
-            table = np.frombuffer(mapping, SLOT, slots, plan.table)
-            table["seq"] = -1                    # no unit yet: unit i is the first of slot i (acquire_turn)
-            del table
-            for i in range(slots):
-                mapping.sem_init(plan.semaphores + (2 * i) * SEM_STRIDE, 1)      # free
-                mapping.sem_init(plan.semaphores + (2 * i + 1) * SEM_STRIDE, 0)  # filled
-            mapping.sem_init(plan.semaphores + 2 * slots * SEM_STRIDE, 1)        # error-record claim
-            del buf, h
+            write_header(mapping, plan, layout_bytes, meta, slots=slots, slot_size=slot_size,
+                         steps_per_slot=steps_per_slot, max_workers=max_workers)
             ring = cls._new(name, path, mapping, fd, owner=True)
             ring._header["state"] = READY  # last: attachers refuse a half-written header
         except BaseException:
             os.close(fd)
-            unlink_owned(path, pid)
+            unlink_owned(path, os.getpid())
             raise
         install_sigterm_cleanup()
         if lock_memory:
@@ -223,56 +183,12 @@ class Ring:
         magic and header, be fully created, and (when ``template`` is given)
         have the same layout and ``steps_per_slot``.
         """
-        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-            raise AttachError(name, "name", "a segment name without '/'", name)
-        path = os.path.join(SHM_DIR, name)
+        path, fd = open_segment(name)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise AttachError(name, "exists", f"a segment in {SHM_DIR}", "none") from None
-        except OSError as exc:
-            raise AttachError(name, "exists", "a segment this user can open", exc.strerror) from None
-        try:
-            return cls._checked(name, path, fd, template, steps_per_slot, populate)
+            mapping = map_checked(name, fd, template, steps_per_slot, populate)
         except BaseException:
             os.close(fd)
             raise
-
-    @classmethod
-    def _checked(cls, name: str, path: str, fd: int, template, steps_per_slot: int | None, populate: bool) -> "Ring":
-        """The ring of segment ``fd``, once it passes :meth:`attach`'s checks."""
-        st = os.fstat(fd)
-        if st.st_uid != os.getuid():
-            raise AttachError(name, "owner", f"uid {os.getuid()}", f"uid {st.st_uid}")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode != 0o600:
-            raise AttachError(name, "mode", "0o600", oct(mode))
-        if st.st_size < HEADER_SIZE:
-            raise AttachError(name, "size", f"at least {HEADER_SIZE} bytes", f"{st.st_size} bytes")
-        mapping = _ring.Mapping(fd, st.st_size, populate)
-        h = np.frombuffer(mapping, HEADER, 1)[0]
-        if bytes(h["magic"]) != MAGIC:
-            raise AttachError(name, "magic", MAGIC, bytes(h["magic"]))
-        if int(h["version"]) != VERSION:
-            raise AttachError(name, "version", VERSION, int(h["version"]))
-        if int(h["state"]) != READY:
-            raise AttachError(name, "state", "a fully created ring", "a ring still being created")
-        if int(h["total_size"]) != st.st_size:
-            raise AttachError(name, "size", f"{int(h['total_size'])} bytes", f"{st.st_size} bytes")
-        if template is not None:
-            want = layout_json(layout_of(template),
-                                steps_per_slot if steps_per_slot is not None else int(h["steps_per_slot"]))
-            if hashlib.sha256(want).digest() != bytes(h["layout_hash"]).ljust(32, b"\0"):
-                start, n = int(h["layout_offset"]), int(h["layout_len"])
-                found = bytes(np.frombuffer(mapping, np.uint8, n, start))
-                raise AttachError(name, "layout", want.decode(), found.decode(errors="replace"))
-        elif steps_per_slot is not None and steps_per_slot != int(h["steps_per_slot"]):
-            raise AttachError(name, "layout", f"steps_per_slot={steps_per_slot}",
-                              f"steps_per_slot={int(h['steps_per_slot'])}")
-        problem = header_problem(h, st.st_size)
-        if problem:
-            raise AttachError(name, "header", "a consistent ring header", problem)
-        del h
         return cls._new(name, path, mapping, fd, owner=False)
 
     def _lock(self) -> None:
@@ -391,33 +307,6 @@ class Ring:
             time.sleep(pause)
             pause = min(2 * pause, TURN_SLEEP_MAX)
 
-    def take_unit(self, index: int) -> int:
-        """Worker ``index`` takes the next unit nobody has taken (the ring's counter, atomically) and records
-        it among its claims (:meth:`worker_claims`), beside the one it still owes, if any."""
-        q, w = self._q, self._worker0 + WORKER_WORDS * index
-        field = _CLAIM if q[w + _CLAIM] == -1 else _NEXT_CLAIM
-        if q[w + field] != -1:
-            raise RuntimeError(f"worker {index} takes a third unit while it owes two")
-        q[w + field] = CLAIMING             # a death from here on is seen as owing the unit being taken
-        unit = self._map.fetch_add(8 * HEADER_WORDS["next_unit"], 1)
-        q[w + field] = unit
-        return unit
-
-    def drop_claim(self, index: int, unit: int) -> None:
-        """Worker ``index`` no longer owes ``unit`` (it published it): its next claim, if any, moves up."""
-        q, w = self._q, self._worker0 + WORKER_WORDS * index
-        if q[w + _CLAIM] == unit:
-            q[w + _CLAIM] = q[w + _NEXT_CLAIM]
-            q[w + _NEXT_CLAIM] = -1
-        elif q[w + _NEXT_CLAIM] == unit:
-            q[w + _NEXT_CLAIM] = -1
-
-    def worker_claims(self, index: int) -> tuple[int, int]:
-        """The units worker ``index`` has taken and not yet published, oldest first (-1: none;
-        :data:`CLAIMING` while it takes one)."""
-        w = self._worker0 + WORKER_WORDS * index
-        return int(self._q[w + _CLAIM]), int(self._q[w + _NEXT_CLAIM])
-
     def publish(self, i: int, seq: int, *, flags: int = 0, steps: int | None = None,
                 cursor: tuple[int, int] = (0, 0)) -> None:
         """Producer: marks slot ``i`` filled with batch number ``seq`` and wakes the consumer.
@@ -475,73 +364,6 @@ class Ring:
         return int(self._q[self._slot0 + SLOT_WORDS * self._check_slot(i) + 2])
 
     # liveness ---------------------------------------------------------------------------------
-    def register_worker(self, index: int) -> None:
-        """Registers this process as worker ``index`` for :meth:`check_workers`: it takes the worker's lock
-        (:mod:`infeed.ring.locks`) for as long as this ring stays open here, and records its pid (a hint
-        for messages and ``infeed stats``)."""
-        if not 0 <= index < self.max_workers:
-            raise IndexError(f"worker {index} out of range for max_workers={self.max_workers}")
-        self._check_open()
-        try:
-            locks.hold(self._fd, locks.worker_byte(index))
-        except BlockingIOError:
-            raise InfeedError(f"ring {self.name}: worker {index} is already registered by a live process") from None
-        self._locked_workers.add(index)
-        pid = os.getpid()
-        w = self._workers[index]
-        for name in WORKER.names:
-            w[name] = 0
-        w["claim"] = w["next_claim"] = -1
-        w["started_ns"] = w["beat_ns"] = time.monotonic_ns()
-        w["pid"] = pid
-
-    def workers(self) -> list[dict]:
-        """The registered workers: index, pid, seconds from their registering to their last heartbeat
-        (``elapsed_s``: the time their counters cover) and since that heartbeat, and their counters
-        (:data:`~infeed.ring.layout.WORKER`; ``*_ns`` as ``*_s`` seconds)."""
-        now = time.monotonic_ns()
-        out = []
-        for k, w in enumerate(self._workers):
-            if w["pid"] <= 0:
-                continue
-            entry = {"index": k, "pid": int(w["pid"]), "elapsed_s": (int(w["beat_ns"]) - int(w["started_ns"])) / 1e9,
-                     "since_beat": (now - int(w["beat_ns"])) / 1e9}
-            for name in WORKER.names[3:]:
-                value = int(w[name])
-                entry.update({name[:-3] + "_s": value / 1e9} if name.endswith("_ns") else {name: value})
-            out.append(entry)
-        return out
-
-    def check_workers(self) -> None:
-        """Raises :class:`~infeed.WorkerDied` when a registered worker no longer holds its lock: it has
-        ended, however (judged by the kernel's locks, so across PID namespaces too)."""
-        self._check_open()
-        for k, w in enumerate(self._workers):
-            pid = int(w["pid"])
-            if pid > 0 and k not in self._locked_workers and not locks.is_held(self._fd, locks.worker_byte(k)):
-                raise WorkerDied(pid, detail=f"worker {k} registered with ring {self.name}, no longer running")
-
-    def count_work(self, index: int, batches: int = 0, records: int = 0, nbytes: int = 0, skipped: int = 0,
-                   decode_ns: int = 0, wait_ns: int = 0, readers: tuple | None = None) -> None:
-        """Adds to worker ``index``'s counters (what :meth:`workers` reports) and beats its heart.
-
-        ``records``: the records delivered; ``skipped``: those made padding rows instead (``skip_corrupt``).
-
-        ``readers``: the totals of the worker's record readers so far, stored as they are
-        (``infeed.tfrecord._tfrecord.stage_totals()``: read, inflate and CRC ns, bytes read and inflated)."""
-        w, q = self._worker0 + WORKER_WORDS * index, self._q
-        q[w + _BEAT] = time.monotonic_ns()
-        if batches or records or skipped:
-            q[w + _BATCHES] += batches
-            q[w + _RECORDS] += records
-            q[w + _BYTES] += nbytes
-            q[w + _SKIPPED] += skipped
-        q[w + _DECODE] += decode_ns
-        q[w + _WAIT] += wait_ns
-        if readers is not None:
-            w += _READERS
-            q[w], q[w + 1], q[w + 2], q[w + 3], q[w + 4] = readers
-
     def count_taken(self, seq: int, cursor: tuple[int, int], waited_ns: int, first: bool = False) -> None:
         """The consumer took batch ``seq`` (``cursor``: where the input resumes after it)
         after waiting ``waited_ns`` for it; ``first``: its first batch (the wait is start-up)."""
@@ -579,45 +401,6 @@ class Ring:
         if not self.owner_alive():
             raise InfeedError(f"ring {self.name}: its creator (process {self.creator_pid} in its own PID "
                               "namespace) is gone")
-
-    # error record -----------------------------------------------------------------------------
-    def set_error(self, error: BaseException | str, pid: int | None = None, signal: int | None = None,
-                  unit: int | None = None) -> bool:
-        """Records the first failure (an exception or a message); False if one was there.
-
-        ``unit``: the unit (batch) the producer was at when it failed, where it failed at one (None: before
-        any, such as while it started).
-
-        Exceptions travel as JSON (type, constructor arguments, traceback text), never
-        as pickles: the reader rebuilds infeed's own errors and built-in exception
-        types, and keeps the message for anything else. When another process claimed
-        the record first, this returns once that one is readable (or after
-        :data:`CHECK_INTERVAL` s, should that process have died while writing it), so a
-        slot published after it never reaches the consumer before the failure it names.
-        """
-        if not self._map.sem_trywait(self._sems + 2 * self.slots * SEM_STRIDE):
-            deadline = time.monotonic() + CHECK_INTERVAL
-            while not self._error["set"] and time.monotonic() < deadline:
-                time.sleep(0.0005)
-            return False
-        payload = encode_failure(error, ERROR_PAYLOAD)
-        e = self._error
-        e["pid"] = os.getpid() if pid is None else pid
-        e["signal"] = -1 if signal is None else signal
-        e["unit"] = -1 if unit is None else unit
-        e["len"] = len(payload)
-        e["payload"][:len(payload)] = np.frombuffer(payload, np.uint8)
-        e["set"] = 1
-        return True
-
-    def error(self) -> ProducerFailure | None:
-        """The recorded failure, or None."""
-        e = self._error
-        if not e["set"]:
-            return None
-        message, exc, tb = decode_failure(bytes(e["payload"][:int(e["len"])]))
-        sig, unit = int(e["signal"]), int(e["unit"])
-        return ProducerFailure(int(e["pid"]), None if sig < 0 else sig, exc, message, tb, None if unit < 0 else unit)
 
     # life cycle -------------------------------------------------------------------------------
     @property

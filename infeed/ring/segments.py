@@ -1,9 +1,10 @@
 """POSIX shared-memory segments in ``/dev/shm``: created private (mode 0600, 128 random bits in the
-name, never an existing file), removed by their creator on every exit it lives through (close,
+name, never an existing file) with their space reserved up front, removed by their creator on every exit it lives through (close,
 interpreter exit, ``SIGTERM``), and inspected without trusting what another user may have planted."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import signal
@@ -14,10 +15,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from infeed.ring import locks
+from infeed.errors import ShmSpaceError
+from infeed.ring import _ring, locks
 from infeed.ring.layout import HEADER, MAGIC
 
-__all__ = ["SHM_DIR", "name_prefix", "create_private", "unlink_owned", "install_sigterm_cleanup", "free_bytes",
+__all__ = ["SHM_DIR", "name_prefix", "create_private", "create_reserved", "unlink_owned", "install_sigterm_cleanup", "free_bytes",
            "read_own", "SegmentCreator", "read_creator"]
 
 #: Where POSIX shared-memory segments live on Linux.
@@ -59,6 +61,25 @@ def create_private() -> tuple[str, str, int]:
         unlink_owned(path, os.getpid())
         raise
     return name, path, fd
+
+
+def create_reserved(size: int) -> tuple[str, str, int, "_ring.Mapping"]:
+    """(name, path, fd, mapping) of a new private segment (:func:`create_private`) of ``size`` bytes, its space
+    reserved with ``posix_fallocate`` and mapped: a full ``/dev/shm`` fails here with
+    :class:`~infeed.ShmSpaceError`, never later with ``SIGBUS``. Removed again if anything fails."""
+    free = free_bytes()
+    if free < size:
+        raise ShmSpaceError(SHM_DIR, size, free)
+    name, path, fd = create_private()
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return name, path, fd, _ring.Mapping(fd, size)
+    except BaseException as exc:
+        os.close(fd)
+        unlink_owned(path, os.getpid())
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise ShmSpaceError(SHM_DIR, size, free_bytes()) from exc
+        raise
 
 
 def unlink_owned(path: str, pid: int) -> None:

@@ -1,0 +1,126 @@
+"""A ring's worker table: one entry per producer, where it registers (its lock, its pid), beats, counts its
+work per stage, and records the units it has taken and not yet published (its claims: how units are dealt is
+in :mod:`infeed.ring.ring`'s account of the protocol). A producer's liveness is its lock on the segment
+(:mod:`infeed.ring.locks`), never its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from infeed.errors import InfeedError, WorkerDied
+from infeed.ring import locks
+from infeed.ring.layout import HEADER_WORDS, READER_FIELDS, WORKER, WORKER_FIELDS, WORKER_WORDS
+
+__all__ = ["CLAIMING", "WorkerTable"]
+
+_BEAT, _BATCHES, _RECORDS, _BYTES, _SKIPPED, _CLAIM, _NEXT_CLAIM, _DECODE, _WAIT, _READERS = (
+    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "skipped", "claim", "next_claim",
+                               "decode_ns", "wait_ns", READER_FIELDS[0]))
+#: A worker's claim while it takes the next unit (a death then leaves it, not a unit, unaccounted).
+CLAIMING = -2
+
+
+class WorkerTable:
+    """The worker table's methods of :class:`~infeed.ring.Ring`, which mixes them in. They read the ring's
+    mapping as it lays it out: ``_q`` (the segment as int64 words), ``_worker0`` (the table's first word),
+    ``_workers`` (its entries as :data:`~infeed.ring.layout.WORKER` records), ``_fd`` (whose locks say who
+    lives) and ``_locked_workers`` (the entries this process registered)."""
+
+    # the units a worker owes -------------------------------------------------------------------
+    def take_unit(self, index: int) -> int:
+        """Worker ``index`` takes the next unit nobody has taken (the ring's counter, atomically) and records
+        it among its claims (:meth:`worker_claims`), beside the one it still owes, if any."""
+        q, w = self._q, self._worker0 + WORKER_WORDS * index
+        field = _CLAIM if q[w + _CLAIM] == -1 else _NEXT_CLAIM
+        if q[w + field] != -1:
+            raise RuntimeError(f"worker {index} takes a third unit while it owes two")
+        q[w + field] = CLAIMING             # a death from here on is seen as owing the unit being taken
+        unit = self._map.fetch_add(8 * HEADER_WORDS["next_unit"], 1)
+        q[w + field] = unit
+        return unit
+
+    def drop_claim(self, index: int, unit: int) -> None:
+        """Worker ``index`` no longer owes ``unit`` (it published it): its next claim, if any, moves up."""
+        q, w = self._q, self._worker0 + WORKER_WORDS * index
+        if q[w + _CLAIM] == unit:
+            q[w + _CLAIM] = q[w + _NEXT_CLAIM]
+            q[w + _NEXT_CLAIM] = -1
+        elif q[w + _NEXT_CLAIM] == unit:
+            q[w + _NEXT_CLAIM] = -1
+
+    def worker_claims(self, index: int) -> tuple[int, int]:
+        """The units worker ``index`` has taken and not yet published, oldest first (-1: none;
+        :data:`CLAIMING` while it takes one)."""
+        w = self._worker0 + WORKER_WORDS * index
+        return int(self._q[w + _CLAIM]), int(self._q[w + _NEXT_CLAIM])
+
+    # registration and liveness -----------------------------------------------------------------
+    def register_worker(self, index: int) -> None:
+        """Registers this process as worker ``index`` for :meth:`check_workers`: it takes the worker's lock
+        (:mod:`infeed.ring.locks`) for as long as this ring stays open here, and records its pid (a hint
+        for messages and ``infeed stats``)."""
+        if not 0 <= index < self.max_workers:
+            raise IndexError(f"worker {index} out of range for max_workers={self.max_workers}")
+        self._check_open()
+        try:
+            locks.hold(self._fd, locks.worker_byte(index))
+        except BlockingIOError:
+            raise InfeedError(f"ring {self.name}: worker {index} is already registered by a live process") from None
+        self._locked_workers.add(index)
+        pid = os.getpid()
+        w = self._workers[index]
+        for name in WORKER.names:
+            w[name] = 0
+        w["claim"] = w["next_claim"] = -1
+        w["started_ns"] = w["beat_ns"] = time.monotonic_ns()
+        w["pid"] = pid
+
+    def workers(self) -> list[dict]:
+        """The registered workers: index, pid, seconds from their registering to their last heartbeat
+        (``elapsed_s``: the time their counters cover) and since that heartbeat, and their counters
+        (:data:`~infeed.ring.layout.WORKER`; ``*_ns`` as ``*_s`` seconds)."""
+        now = time.monotonic_ns()
+        out = []
+        for k, w in enumerate(self._workers):
+            if w["pid"] <= 0:
+                continue
+            entry = {"index": k, "pid": int(w["pid"]), "elapsed_s": (int(w["beat_ns"]) - int(w["started_ns"])) / 1e9,
+                     "since_beat": (now - int(w["beat_ns"])) / 1e9}
+            for name in WORKER.names[3:]:
+                value = int(w[name])
+                entry.update({name[:-3] + "_s": value / 1e9} if name.endswith("_ns") else {name: value})
+            out.append(entry)
+        return out
+
+    def check_workers(self) -> None:
+        """Raises :class:`~infeed.WorkerDied` when a registered worker no longer holds its lock: it has
+        ended, however (judged by the kernel's locks, so across PID namespaces too)."""
+        self._check_open()
+        for k, w in enumerate(self._workers):
+            pid = int(w["pid"])
+            if pid > 0 and k not in self._locked_workers and not locks.is_held(self._fd, locks.worker_byte(k)):
+                raise WorkerDied(pid, detail=f"worker {k} registered with ring {self.name}, no longer running")
+
+    # counters ----------------------------------------------------------------------------------
+    def count_work(self, index: int, batches: int = 0, records: int = 0, nbytes: int = 0, skipped: int = 0,
+                   decode_ns: int = 0, wait_ns: int = 0, readers: tuple | None = None) -> None:
+        """Adds to worker ``index``'s counters (what :meth:`workers` reports) and beats its heart.
+
+        ``records``: the records delivered; ``skipped``: those made padding rows instead (``skip_corrupt``).
+
+        ``readers``: the totals of the worker's record readers so far, stored as they are
+        (``infeed.tfrecord._tfrecord.stage_totals()``: read, inflate and CRC ns, bytes read and inflated)."""
+        w, q = self._worker0 + WORKER_WORDS * index, self._q
+        q[w + _BEAT] = time.monotonic_ns()
+        if batches or records or skipped:
+            q[w + _BATCHES] += batches
+            q[w + _RECORDS] += records
+            q[w + _BYTES] += nbytes
+            q[w + _SKIPPED] += skipped
+        q[w + _DECODE] += decode_ns
+        q[w + _WAIT] += wait_ns
+        if readers is not None:
+            w += _READERS
+            q[w], q[w + 1], q[w + 2], q[w + 3], q[w + 4] = readers
