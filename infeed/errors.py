@@ -143,14 +143,17 @@ class WorkerDied(InfeedError):
 
     Attributes: ``pid``, ``signal`` (the number of the signal that killed it, or
     None when it exited or the cause is unknown), ``exitcode`` (its exit status
-    when it exited, else None) and ``detail``.
+    when it exited, else None), ``detail`` and ``output`` (the end of what a
+    decoding worker wrote on its stderr, where known: the traceback of one that
+    failed before it could say why through the ring; else "").
     """
 
-    def __init__(self, pid, signal=None, exitcode=None, detail=""):
+    def __init__(self, pid, signal=None, exitcode=None, detail="", output=""):
         self.pid = pid
         self.signal = signal
         self.exitcode = exitcode
         self.detail = detail
+        self.output = output
         if signal is not None:
             try:
                 how = f"killed by {_signal.Signals(signal).name} ({signal})"
@@ -163,10 +166,12 @@ class WorkerDied(InfeedError):
         msg = f"worker process {pid} {how}"
         if detail:
             msg += f" ({detail})"
+        if output.strip():
+            msg += "; the end of its stderr:\n" + output.rstrip()
         super().__init__(msg)
 
     def __reduce__(self):
-        return (type(self), (self.pid, self.signal, self.exitcode, self.detail))
+        return (type(self), (self.pid, self.signal, self.exitcode, self.detail, self.output))
 
 
 class Timeout(InfeedError, TimeoutError):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from infeed.daemon.dataset import Dataset
 from infeed.daemon.feed import Feed, start_of
+from infeed.daemon.output import OutputTail
 from infeed.errors import InfeedError, WorkerDied
 from infeed.ring import Ring
 from infeed.ring.orphans import collect as collect_orphans
@@ -27,7 +28,7 @@ from infeed.ring.slots import REPORTED_ERROR, SLOT_ERROR
 from infeed.ring.worker_table import CLAIMING
 from infeed.tfrecord.filesystems import registered_filesystems
 
-__all__ = ["Daemon", "start_workers", "stop_workers"]
+__all__ = ["Daemon", "WorkerProcess", "start_workers", "stop_workers"]
 
 #: Seconds the workers get to stop on their own before they are killed.
 STOP_GRACE = 5.0
@@ -36,22 +37,40 @@ _log = logging.getLogger("infeed")
 
 
 def _worker_environment() -> dict:
-    """The worker's environment: this one, with the directory infeed was imported from on its path."""
+    """The worker's environment: this one, with the directory infeed was imported from first on its path
+    (the worker runs with ``-P``: never the current directory, where a folder named ``infeed`` may be)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])       # the folder that holds the infeed package
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
+class WorkerProcess(subprocess.Popen):
+    """``python -P -m infeed.daemon.worker``: the infeed this process imported, whatever the current directory
+    holds; its stderr goes on to this process's, the end kept in :attr:`output`
+    (:class:`~infeed.daemon.output.OutputTail`)."""
+
+    def __init__(self, env: dict):
+        read, write = os.pipe()
+        try:
+            super().__init__([sys.executable, "-P", "-m", "infeed.daemon.worker"], stdin=subprocess.PIPE,
+                             stderr=write, env=env, close_fds=True)
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)
+        self.output = OutputTail(read)
+
+
 def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, int]) -> list:
-    """Starts ``workers`` processes (``python -m infeed.daemon.worker``) producing ``dataset`` into ``ring``;
+    """Starts ``workers`` processes (:class:`WorkerProcess`) producing ``dataset`` into ``ring``;
     they import its transforms with this process's ``sys.path`` after their own."""
     procs = []
     env = _worker_environment()
     try:
         for k in range(workers):
-            proc = subprocess.Popen([sys.executable, "-m", "infeed.daemon.worker"], stdin=subprocess.PIPE, env=env,
-                                    close_fds=True)
+            proc = WorkerProcess(env)
             procs.append(proc)
             config = {"ring": ring.name, "worker": k, "start": list(start),
                       "dataset": dataset.to_json(), "sys_path": sys.path, "filesystems": registered_filesystems()}
@@ -83,6 +102,9 @@ def stop_workers(ring: Ring, procs: list, grace: float = STOP_GRACE) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    for proc in procs:
+        if isinstance(proc, WorkerProcess):
+            proc.output.join(max(deadline - time.monotonic(), 0.1))     # its last words written on
 
 
 class Daemon(Feed):
@@ -196,15 +218,16 @@ class Daemon(Feed):
             owner = crashed[0] if crashed else failed[0] if failed else 0
             detail = f"every worker has ended; batch {seq} is the first not delivered"
         proc, code = self._procs[owner], codes[owner]
+        output = proc.output.text() if isinstance(proc, WorkerProcess) else ""
         if code not in (0, REPORTED_ERROR):
             raise WorkerDied(proc.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
-                             detail=f"worker {owner}, {detail}")
+                             detail=f"worker {owner}, {detail}", output=output)
         error = ring.error()
         if code == REPORTED_ERROR and owner in due and not recorded(owner):
             # Another process's failure took the record first: this worker's own is on its stderr alone.
             held = "" if error is None else f" (it holds process {error.pid}'s: {error.message:.200})"
             raise WorkerDied(proc.pid, exitcode=code, detail=f"worker {owner}, {detail}; its error is not in the "
-                                                            f"ring's error record{held}")
+                                                            f"ring's error record{held}", output=output)
         if error is not None:
             who = f"infeed worker {owner} (pid {proc.pid}), {detail}"
             by = next((k for k, p in enumerate(self._procs) if p.pid == error.pid), None)
