@@ -71,6 +71,7 @@ from bench.data import datasets
 from bench.harness import Case, Measurement, Ratio, SuiteResult, Timing, interleave, log, settle_allocator
 from bench.peers.example_proto import example_class
 from bench.suites import decode_suite, infeed_suite
+from bench.suites.daemon_runs import DaemonCase
 
 __all__ = ["run", "CASES", "SOURCE_PARSE", "SOURCE_PARSE_THREADS", "SOURCE_ROWS", "ARRAY_RECORD_PARSE",
            "PROTOBUF", "PROTOBUF_THREADS", "LOADER", "MP_PREFETCH", "DAEMON", "PARTS", "LAYOUTS", "SKIPPED",
@@ -360,8 +361,8 @@ def _measure_layout(grain, result: SuiteResult, ds: datasets.Dataset, b: int, re
             PROTOBUF_THREADS: _iterate(grain, pipelines[PROTOBUF], None)}
     loader = SteadyCase(_loader(grain, source, spec, b), b)
     mp = SteadyCase(_mp_prefetch(grain, pipelines[SOURCE_PARSE]), b)
-    daemon = infeed_suite.DaemonCase(DAEMON, infeed.Dataset(path, spec, batch_size=b, num_epochs=1,
-                                                            shuffle="global", seed=SEED), 1)
+    daemon = DaemonCase(DAEMON, infeed.Dataset(path, spec, batch_size=b, num_epochs=1, shuffle="global", seed=SEED),
+                        1)
     all_records = n_batches * b
     cases = [Case(n, r, all_records, taken) for n, r in runs.items()]
     cases += [Case(LOADER, loader.run, all_records, taken), Case(MP_PREFETCH, mp.run, all_records, taken),

@@ -69,7 +69,7 @@ from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Refused, SuiteResult
                            interleave, log, settle_allocator, stage_breakdown, steady_refusal)
 from bench.peers.parallel_parse import ParallelParse
 from bench.suites import decode_suite
-from bench.suites.infeed_suite import WARMUP, DaemonCase, steady_figure
+from bench.suites.daemon_runs import WARMUP, DaemonCase, steady_figure
 from infeed.example.image import _central_window
 
 __all__ = ["run", "SOURCES", "MODES", "TARGETS", "BARE", "SIZE", "BATCH_SIZE", "SLOTS", "parse_name", "daemon_name",

@@ -83,7 +83,7 @@ import dataclasses
 import itertools
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -93,17 +93,16 @@ from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Measurement, SuiteRe
                            daemon_batches, interleave, log, settle_allocator, stage_breakdown, steady_refusal)
 from bench.peers.parallel_parse import ParallelParse
 from bench.suites import decode_suite
+from bench.suites.daemon_runs import SLOTS, WARMUP, DaemonCase, framed_sizes, steady_figure
 
 __all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
-           "every_worker_timing", "cpu_timing", "Work", "DaemonCase", "steady_figure", "sleep_overshoot",
-           "check_same_batches",
+           "every_worker_timing", "cpu_timing", "Work", "sleep_overshoot", "check_same_batches",
            "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "SMALLEST",
            "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS", "target_of",
            "parallel_name", "scaling_name"]
 
 SUITE = "infeed"
 BATCH_SIZE = decode_suite.BATCH_SIZE
-SLOTS = 8
 WORKERS = (1, 2)
 #: Ring sizes the busy consumer's rows are timed with (SLOTS among them: the rows every other figure compares).
 SLOT_SWEEP = (2, 4, 8, 16)
@@ -114,8 +113,6 @@ SMALLEST = 4
 #: Hand-off rounds per repeat (each round times up to ``SLOTS - 1`` batches).
 HANDOFF_ROUNDS = 30
 HANDOFF_TARGET_US = 50.0
-#: Untimed runs of every case before the timed ones.
-WARMUP = 1
 #: Seconds to wait for the workers to fill the ring before a hand-off round gives up.
 FILL_TIMEOUT = 30.0
 
@@ -236,95 +233,6 @@ class Work:
         self.calls += 1
 
 
-# --- the daemon cases ------------------------------------------------------------------------------
-
-class DaemonCase:
-    """One daemon run over a dataset to its end, as a :class:`~bench.harness.Case`; keeps each run's inner times.
-
-    The harness times the whole of ``run`` (workers started and stopped
-    included); the figures come from the times kept here instead:
-
-    - ``steady``: the time batches W..N-1 take once every worker has started
-      (the file must have more than W batches: see
-      :func:`~bench.harness.steady_refusal`). Batches go to whichever worker is
-      free, so a worker that starts late takes none at first: from batch W
-      (with ``work``, from the end of its work on batch W-1) the run takes
-      batches until every worker has registered, and the time from then to the
-      end is scaled to all of batches W..N-1. Where the others make every
-      batch before a worker starts, it is the time from batch W;
-    - ``after_made``: from ``Daemon(...)`` returning to the end (every batch);
-    - ``first``, ``every``: from the ``Daemon(...)`` call to the first batch, and
-      to the steady state's start (every worker started, or batch W); without
-      ``work`` only;
-    - ``cpu``: this process's CPU seconds over the steady wall time; without ``work`` only.
-    """
-
-    def __init__(self, name: str, dataset: infeed.Dataset, workers: int, work: Work | None = None,
-                 slots: int = SLOTS, started: Callable[[infeed.Daemon], None] | None = None):
-        self.name, self.dataset, self.workers, self.work, self.slots = name, dataset, workers, work, slots
-        self.started = started             # called with the daemon as soon as it is made (its workers started)
-        self.steady: list[float] = []
-        self.after_made: list[float] = []
-        self.first: list[float] = []
-        self.every: list[float] = []
-        self.cpu: list[float] = []
-        self.stages: list = []             # infeed.InputStats over each run's steady state
-        self.spin = None
-
-    def run(self) -> int:
-        work = self.work
-        called = time.perf_counter()
-        with infeed.Daemon(self.dataset, num_workers=self.workers, slots=self.slots, lock_memory=False) as feed:
-            if self.started is not None:
-                self.started(feed)
-            made = time.perf_counter()
-            self.spin = getattr(feed, "spin", None)
-            for k in range(self.workers):
-                next(feed)
-                if k == 0:
-                    first = time.perf_counter()
-                if work is not None:
-                    work()
-            # Batches go to whichever worker is free, so one that starts late takes none at first: the steady
-            # state begins once every worker has started (the batches before are scaled out of its time), or
-            # from batch W where the others made every batch before that.
-            from_w = window = (feed.stats(), time.perf_counter(), time.process_time(), 0)
-            steady_batches = 0
-            for batch in feed:
-                if work is not None:
-                    work()
-                steady_batches += 1
-                if len(window[0].workers) < self.workers:
-                    window = (feed.stats(), time.perf_counter(), time.process_time(), steady_batches)
-            end, cpu1 = time.perf_counter(), time.process_time()
-            if len(window[0].workers) < self.workers or window[3] == steady_batches:
-                window = from_w
-            before, start, cpu0, early = window
-            self.stages.append(feed.stats().since(before))
-            taken = feed.ring.consumer_counters()["taken"]
-        self.steady.append((end - start) * steady_batches / max(steady_batches - early, 1))
-        self.after_made.append(end - made)
-        if work is None:
-            self.first.append(first - called)
-            self.every.append(start - called)
-            self.cpu.append((cpu1 - cpu0) / (end - start))
-        return taken * self.dataset.batch_size
-
-    def case(self, records: int, nbytes: int) -> Case:
-        return Case(self.name, self.run, records, nbytes)
-
-    def median_stages(self):
-        """The stage breakdown of the timed run whose steady state took the median time."""
-        runs = sorted(zip(self.steady[WARMUP:], self.stages[WARMUP:]), key=lambda r: r[0])
-        return runs[len(runs) // 2][1]
-
-
-def _framed_sizes(path: str) -> list[int]:
-    """Each record's bytes in the file, TFRecord framing (16 bytes) included."""
-    with infeed.read_records(path) as reader:
-        return [len(r) + 16 for r in reader]
-
-
 def _same(a, b) -> bool:
     if isinstance(a, infeed.Padded):
         return np.array_equal(a.lengths, b.lengths) and all(
@@ -435,22 +343,13 @@ def run(layouts: Sequence[str] = tuple(datasets.LAYOUTS), *, workers: Sequence[i
     return result
 
 
-def steady_figure(c: DaemonCase, name: str, group: str, sizes: list[int], b: int, n_batches: int,
-                  suite: str = SUITE):
-    """The figure of a case's steady state, batches W..N-1, in ``suite``'s results."""
-    w = c.workers
-    case = Case(name, c.run, (n_batches - w) * b, sum(sizes[w * b:n_batches * b]))
-    return dataclasses.replace(Measurement(case, c.steady[WARMUP:]).figure(suite, group), batches=n_batches - w,
-                               steady=True)
-
-
 def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: list[int], slots: list[int],
                     repeats: int, overshoot: float, base: int) -> None:
     name, spec = ds.layout.name, ds.layout.spec()
     with open(ds.path, "rb") as f:                       # into the page cache
         while f.read(8 << 20):
             pass
-    sizes = _framed_sizes(ds.path)
+    sizes = framed_sizes(ds.path)
     n_batches = len(sizes) // b
     all_records, all_bytes = n_batches * b, sum(sizes[:n_batches * b])
     dataset = infeed.Dataset(ds.path, spec, batch_size=b, num_epochs=1)
@@ -480,9 +379,9 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
                        for m, w in zip(measured[1:1 + len(parallel)], [w for w in workers if w > 1])]
     for w, c in idle.items():
         result.params.setdefault("feed_spin_s", {})[w] = c.spin
-        result.figures.append(steady_figure(c, daemon_name(w), name, sizes, b, n_batches))
+        result.figures.append(steady_figure(c, daemon_name(w), name, sizes, b, n_batches, SUITE))
     for w, c in through_index.items():
-        result.figures.append(steady_figure(c, indexed_name(w), name, sizes, b, n_batches))
+        result.figures.append(steady_figure(c, indexed_name(w), name, sizes, b, n_batches, SUITE))
     for w, c in idle.items():
         whole = Case(startup_name(w), c.run, all_records, all_bytes)
         result.figures.append(dataclasses.replace(Measurement(whole, c.after_made[WARMUP:]).figure(SUITE, name),
@@ -496,7 +395,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
             for w in timed for n in slots}
     interleave([c.case(all_records, all_bytes) for c in busy.values()], repeats, WARMUP)
     for c in busy.values():
-        result.figures.append(steady_figure(c, c.name, name, sizes, b, n_batches))
+        result.figures.append(steady_figure(c, c.name, name, sizes, b, n_batches, SUITE))
     done = [c.work for c in busy.values()]
     calls = max(1, sum(x.calls for x in done))
     result.notes.append(f"busy consumer, {name}: work per batch set to {per_batch * 1e6:,.0f} us "

@@ -13,7 +13,7 @@ only takes the batches) reads it, for each W, interleaved:
 - ``s3 + 25 ms W=w``: through a second proxy that holds every response 25 ms before its first byte (an object
   store's time to first byte; loopback has none).
 
-Each figure is the steady state of ``bench infeed`` (:class:`bench.suites.infeed_suite.DaemonCase`): from the
+Each figure is the steady state of ``bench infeed`` (:class:`bench.suites.daemon_runs.DaemonCase`): from the
 arrival of batch W to the end of the data, at least :data:`~bench.harness.STEADY_BATCHES_PER_WORKER` (8)
 batches per worker (the data is sized for the largest W; a W whose file is too short for it, a small
 ``--scale``, is refused, the reason printed in place of its figures and ratios). The ratio
@@ -40,6 +40,7 @@ from bench.harness import (STEADY_BATCHES_PER_WORKER, SuiteResult, interleave, l
 from bench.peers.object_stores import Unavailable, start_seaweedfs
 from bench.peers.store_proxy import StoreProxy
 from bench.suites import infeed_suite
+from bench.suites.daemon_runs import SLOTS, WARMUP, DaemonCase, framed_sizes, steady_figure
 
 SUITE = "remote"
 LAYOUTS = ("criteo", "imagenet")
@@ -81,8 +82,8 @@ def environment(variables: dict[str, str]):
                 os.environ[name] = value
 
 
-class EnvironmentCase(infeed_suite.DaemonCase):
-    """A :class:`~bench.suites.infeed_suite.DaemonCase` run under ``variables`` (set around each run: the workers
+class EnvironmentCase(DaemonCase):
+    """A :class:`~bench.suites.daemon_runs.DaemonCase` run under ``variables`` (set around each run: the workers
     inherit them), so that one process times several endpoints."""
 
     def __init__(self, *args, variables: dict[str, str], **kwargs):
@@ -107,7 +108,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     key = os.path.basename(ds.path)
     _upload(server, ds.path, key)
     uri = f"s3://{server.bucket}/{key}"
-    sizes = infeed_suite._framed_sizes(ds.path)
+    sizes = framed_sizes(ds.path)
     n_batches = len(sizes) // b
     all_records, all_bytes = n_batches * b, sum(sizes[:n_batches * b])
     direct = server.env()
@@ -119,8 +120,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     timed = [w for w in workers if w not in refused]
     cases = {}
     for w in timed:
-        cases[local_name(w)] = infeed_suite.DaemonCase(local_name(w), infeed.Dataset(ds.path, spec, batch_size=b,
-                                                                                      num_epochs=1), w)
+        cases[local_name(w)] = DaemonCase(local_name(w), infeed.Dataset(ds.path, spec, batch_size=b, num_epochs=1), w)
         for case_name, variables in ((server_name(w), direct), (proxy_name(w), through_plain),
                                      (latency_name(w), through_proxy)):
             with environment(variables):          # the Dataset looks its file up
@@ -129,12 +129,12 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     log(f"remote: timing {name} ({repeats} runs per case; {len(cases)} cases) ...")
     settle_allocator()
     requests_before = proxy.requests
-    interleave([c.case(all_records, all_bytes) for c in cases.values()], repeats, infeed_suite.WARMUP)
-    runs = repeats + infeed_suite.WARMUP
+    interleave([c.case(all_records, all_bytes) for c in cases.values()], repeats, WARMUP)
+    runs = repeats + WARMUP
     per_run = (proxy.requests - requests_before) / max(1, runs * len(timed))
     result.params.setdefault("proxy_requests_per_run", {})[name] = round(per_run, 1)
     for case_name, c in cases.items():
-        result.figures.append(infeed_suite.steady_figure(c, case_name, name, sizes, b, n_batches, SUITE))
+        result.figures.append(steady_figure(c, case_name, name, sizes, b, n_batches, SUITE))
         result.stages.append(stage_breakdown(name, case_name, c.median_stages()))
     def rate(case_name: str) -> float:
         return result.rate(name, case_name)
@@ -161,7 +161,7 @@ def run(layouts: Sequence[str] = LAYOUTS, *, workers: Sequence[int] = WORKERS, s
     sizes = {name: min(batch_size, max(1, counts[name] // infeed_suite.SMALLEST)) for name in layouts}
     result = SuiteResult(SUITE, group_label="layout", name_label="source",
                          params={"layouts": list(layouts), "records": counts, "batch_size": sizes, "workers": workers,
-                                 "slots": infeed_suite.SLOTS, "repeats": repeats, "warmup": infeed_suite.WARMUP,
+                                 "slots": SLOTS, "repeats": repeats, "warmup": WARMUP,
                                  "latency_ms": LATENCY_S * 1e3, "seed": seed,
                                  "read_ahead": {"ranges": infeed.tfrecord.reader.READ_AHEAD_RANGES,
                                                 "bytes": infeed.tfrecord.reader.READ_AHEAD_BYTES}})
