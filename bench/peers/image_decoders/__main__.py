@@ -55,8 +55,9 @@ from bench.harness import log, pinned_to_one_cpu, relative_spread, settle_alloca
 from bench.peers.image_decoders.checks import capabilities, gil_check
 from bench.peers.image_decoders.images import SIZES, feature_images, gil_probe_image, make_images
 from bench.peers.image_decoders.libraries import MAKERS, OUT, Library, centre_crop, have
-from bench.peers.image_decoders.packages import DEFAULT_PYPI_LIST, installed_bytes, mb, pypi_facts, wheel_file
+from bench.peers.image_decoders.packages import PYPI_LIST_VARIABLE, installed_bytes, mb, pypi_facts, wheel_file
 from bench.peers.image_decoders.timing import build_cases, interleave_cpu, resize_cases
+
 
 def rate_text(x: float) -> str:
     return f"{x:,.0f}"
@@ -75,12 +76,17 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated libraries: " + ",".join(MAKERS))
     p.add_argument("--quick", action="store_true", help="3 rounds, 0.1 s runs, 8 images per size")
     p.add_argument("--wheels", default=None, help="folder with the wheels 'pip download --no-deps' fetched")
-    p.add_argument("--pypi-list", default=DEFAULT_PYPI_LIST,
-                   help="registry list (name, version, month, rank) for the release month")
+    p.add_argument("--pypi-list", default=os.environ.get(PYPI_LIST_VARIABLE) or None,
+                   help="registry list (tab-separated: name, version, month, rank) for the summary's last release "
+                        f"column (default ${PYPI_LIST_VARIABLE}; without one the column is '?')")
     p.add_argument("--turbojpeg-lib", default=None, help="libturbojpeg shared library for PyTurboJPEG")
     p.add_argument("--no-gil-check", action="store_true")
     p.add_argument("--json", default=None, help="save the figures there")
     args = p.parse_args(argv)
+    if args.pypi_list and not os.path.isfile(args.pypi_list):
+        p.error(f"--pypi-list (or ${PYPI_LIST_VARIABLE}): {args.pypi_list} is not a file")
+    if not args.pypi_list:
+        log(f"no registry list (--pypi-list or ${PYPI_LIST_VARIABLE}): the summary's last release column is '?'")
     if args.quick:
         args.rounds, args.target_s, args.per_size = 3, 0.1, 8
 

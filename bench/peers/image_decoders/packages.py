@@ -1,4 +1,5 @@
-"""The libraries as packages: installed and wheel sizes, and the last release's month from a registry list."""
+"""The libraries as packages: installed and wheel sizes, and the last release's month from a registry list
+(``--pypi-list`` or ``$BENCH_PYPI_LIST``, where one is at hand: the summary's "last release" column is "?" without)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import glob
 import os
 import re
 
-#: A registry list (name, latest version, month of that release, download rank), where one is at hand.
-DEFAULT_PYPI_LIST = "/work/.library/env/packages/pypi.tsv"
+#: The environment variable that names a registry list when ``--pypi-list`` does not: a tab-separated file, a
+#: package a line (name, latest version, month of that release, download rank).
+PYPI_LIST_VARIABLE = "BENCH_PYPI_LIST"
 
 
 def installed_bytes(dist: str, extra_files=()) -> int | None:
@@ -47,9 +49,10 @@ def wheel_file(wheels: str | None, dist: str, version: str) -> str | None:
 
 
 def pypi_facts(path: str | None) -> dict[str, tuple[str, str, str]]:
-    """name -> (latest version, month of that release, download rank) from a registry list, when there is one."""
+    """name -> (latest version, month of that release, download rank) from the registry list at ``path``; empty
+    for none (``path`` None or empty)."""
     out = {}
-    if not path or not os.path.exists(path):
+    if not path:
         return out
     wanted = {re.sub(r"[-_.]+", "-", k.lower()) for k in ("simplejpeg", "pyturbojpeg", "pillow",
                                                           "opencv-python-headless", "imagecodecs", "tensorflow")}
