@@ -1,4 +1,5 @@
-"""The tree's layers hold: each package, and each sub-package of infeed and estimator, imports only the ones below it.
+"""The tree's layers hold: each package, and each sub-package of infeed, estimator and bench, imports only the ones
+below it; and no module outgrows one reader's sitting (:data:`MAX_MODULE_LINES`).
 
     estimator  ->  xla_runtime, infeed          (xla_runtime and infeed never import each other or estimator)
     infeed:  commands -> daemon -> ring -> example -> tfrecord -> errors
@@ -6,6 +7,8 @@
                                                                     summaries.writers -> summaries -> errors
                 (checkpoints, export and summaries never import the loop, the config or each other but for
                 warm starts from an export; regular_files sits under checkpoints and export, errors under all)
+    bench:  __main__.py -> suites -> peers -> data, harness;  report -> harness
+                (the machinery, harness and report, and the peers never import a suite)
 
 Read from the sources' import statements (lazy imports inside functions included), so a cycle or an
 import against the flow fails here, before it is a tangle.
@@ -41,6 +44,22 @@ ESTIMATOR_LAYERS = {
 }
 #: How a check names an import of a name from ``estimator/__init__.py`` (``from estimator import RunConfig``).
 FACE = "estimator's face"
+#: bench's sub-packages and what else each may import of bench. ``__main__.py`` (``python -m bench``, which finds
+#: the suites) and the face ``__init__.py`` may import any; every module of bench is in one of these.
+BENCH_LAYERS = {
+    "harness": set(),                                # timing, results, tables, the machine's facts
+    "data": set(),                                   # the datasets and photos the suites and peers read
+    "report": {"harness"},                           # a results file's report, plots, comparison
+    "peers": {"harness", "data"},                    # servers, the store proxy, W parsers, other decoders
+    "suites": {"harness", "data", "peers"},
+}
+#: The most lines a module of ours may have: past it, a module holds several jobs and becomes several modules.
+MAX_MODULE_LINES = 600
+#: Modules above :data:`MAX_MODULE_LINES` still, and why (each to be split, not added to).
+LONG_MODULES = {
+    "infeed/example/_example.pyx": "the wire-format decoder: one extension module, its cdef plan shared by both paths",
+    "infeed/tfrecord/_tfrecord.pyx": "the record reader: one extension module, its buffer shared by the framing paths",
+}
 
 
 #: Cython's imports and cimports (its sources are not Python's syntax).
@@ -149,6 +168,61 @@ def test_the_estimator_layer_check_finds_an_import_against_the_flow():
     assert not _against_the_flow(None, "estimator.loop.inputs")                    # estimator.py drives them all
     assert _estimator_part("summaries.writers.run_writers") == "summaries.writers"
     assert _estimator_part("estimator") is None and _estimator_part("writers") is None
+
+
+def _bench_part(module: str) -> str | None:
+    """The sub-package of bench that ``module`` (``bench.suites.infeed_suite.DaemonCase``) is in; None for the
+    command and the face (``bench.__main__``, ``bench``, ``bench.Case``)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "bench" and len(parts) > 1 and (ROOT / "bench" / parts[1]).is_dir() else None
+
+
+def _bench_against_the_flow(here: str, module: str) -> bool:
+    """Whether a module of bench's part ``here`` may not import ``module``."""
+    if module.split(".")[0] != "bench":
+        return False
+    there = _bench_part(module)
+    return there != here and there not in BENCH_LAYERS[here]
+
+
+def test_bench_parts_import_only_the_parts_below_them():
+    wrong = []
+    for path in _sources("bench"):
+        inside = path.relative_to(ROOT / "bench").parts
+        if len(inside) == 1:
+            continue                                   # __main__.py and __init__.py: the command and its face
+        here = inside[0]
+        assert here in BENCH_LAYERS, f"bench/{here}/ is no part of BENCH_LAYERS: say what it may import"
+        wrong += [f"bench/{path.relative_to(ROOT / 'bench')}:{line} imports {module} "
+                  f"({_bench_part(module) or 'the command or the face'} is not under {here})"
+                  for line, module in _imports(path) if _bench_against_the_flow(here, module)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_bench_layer_check_finds_an_import_against_the_flow():
+    assert _bench_against_the_flow("harness", "bench.suites.daemon_runs.DaemonCase")     # machinery under suites
+    assert _bench_against_the_flow("peers", "bench.suites.infeed_suite")                 # peers under suites
+    assert _bench_against_the_flow("report", "bench.data.datasets")
+    assert _bench_against_the_flow("suites", "bench.__main__") and _bench_against_the_flow("harness", "bench.Case")
+    assert not _bench_against_the_flow("suites", "bench.peers.store_proxy.StoreProxy")
+    assert not _bench_against_the_flow("peers", "bench.data.photos") and not _bench_against_the_flow("data", "infeed")
+    assert all("suites" not in allowed for part, allowed in BENCH_LAYERS.items() if part != "suites")
+
+
+def _modules() -> list[Path]:
+    """Every module of ours: the packages' and bench's sources (not the tests, examples or tools)."""
+    return [path for package in [*sorted(PACKAGES), "bench"] for path in _sources(package)]
+
+
+def test_no_module_is_longer_than_the_limit():
+    """A module past :data:`MAX_MODULE_LINES` is split by job into several (``infeed/ring/ring.py`` into the
+    worker table, the error record and the header beside it), never exempted: :data:`LONG_MODULES` only shrinks."""
+    lines = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in _modules()}
+    long = {name: n for name, n in lines.items() if n > MAX_MODULE_LINES}
+    assert set(long) <= set(LONG_MODULES), "\n".join(f"{name}: {n} lines (at most {MAX_MODULE_LINES})"
+                                                     for name, n in long.items() if name not in LONG_MODULES)
+    assert set(LONG_MODULES) <= set(long), f"no longer over the limit, drop from LONG_MODULES: " \
+                                           f"{sorted(set(LONG_MODULES) - set(long))}"
 
 
 def _faces() -> list[Path]:

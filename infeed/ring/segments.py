@@ -1,6 +1,7 @@
 """POSIX shared-memory segments in ``/dev/shm``: created private (mode 0600, 128 random bits in the
-name, never an existing file) with their space reserved up front, removed by their creator on every exit it lives through (close,
-interpreter exit, ``SIGTERM``), and inspected without trusting what another user may have planted."""
+name, never an existing file) with their space reserved up front, removed by their creator on every
+exit it lives through (close, interpreter exit, ``SIGTERM``), and inspected without trusting what
+another user may have planted."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from infeed.errors import ShmSpaceError
 from infeed.ring import _ring, locks
 from infeed.ring.layout import HEADER, MAGIC
 
-__all__ = ["SHM_DIR", "name_prefix", "create_private", "create_reserved", "unlink_owned", "install_sigterm_cleanup", "free_bytes",
-           "read_own", "SegmentCreator", "read_creator"]
+__all__ = ["SHM_DIR", "name_prefix", "create_private", "create_reserved", "unlink_owned", "install_sigterm_cleanup",
+           "free_bytes", "read_own", "SegmentCreator", "read_creator"]
 
 #: Where POSIX shared-memory segments live on Linux.
 SHM_DIR = "/dev/shm"
