@@ -72,6 +72,8 @@ setup(
         "fuzz": ["atheris>=2.3,<4"],
         # infeed.grain: indexed TFRecords as a Grain source (tested with 0.2.13 and 0.2.18).
         "grain": ["grain>=0.2.13,<0.3"],
+        # Flax models, as docs/embedding.md trains them (tested with 0.12.0 and 0.12.12).
+        "flax": ["flax>=0.12,<0.13"],
         # gs:// checkpoints (model_dir on GCS): etils.epath writes orbax's metadata through gcsfs.
         "gcs": ["gcsfs>=2026.8.2,<2026.11"],
         # PNG images (infeed.Image decodes JPEG itself; Pillow is imported on the first PNG).

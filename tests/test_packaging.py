@@ -47,7 +47,7 @@ def _normalise(name: str) -> str:
 SETUP = _setup_call()
 RUNTIME = {_normalise(Requirement(r).name): Requirement(r).specifier for r in SETUP["install_requires"]}
 EXTRAS = {_normalise(Requirement(r).name): Requirement(r).specifier
-          for extra in ("grain", "gcs", "png", "dev") for r in SETUP["extras_require"][extra]}
+          for extra in ("grain", "flax", "gcs", "png", "dev") for r in SETUP["extras_require"][extra]}
 BUILD = {_normalise(Requirement(r).name): Requirement(r).specifier
          for r in re.findall(r'"([^"]+)"', re.search(r"requires = \[(.*?)\]",
                                                      (ROOT / "pyproject.toml").read_text()).group(1))}

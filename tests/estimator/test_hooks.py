@@ -387,28 +387,3 @@ def test_step_time_logger_in_train_logs_each_loop(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("steps ")]
     assert [line.split(":")[0] for line in lines] == ["steps 1..5", "steps 6..10", "steps 11..15"]
     assert lines[0].endswith("(start-up included)") and "examples/s" in lines[1]
-
-
-# --- docs/porting.md --------------------------------------------------------------------------
-
-def test_the_hooks_and_logs_sections_of_the_porting_guide_run(tmp_path, monkeypatch):
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "porting.md").read_text()
-    sections = text[text.index("### Hooks\n"):text.index("### Start-up and the compilation cache\n")]
-    blocks = re.findall(r"```python\n(.*?)```", sections, re.DOTALL)
-    assert len(blocks) == 3
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    root, logger = logging.getLogger(), logging.getLogger("estimator")
-    saved = root.handlers[:], root.level, logger.level
-    namespace = {"__name__": "porting_guide"}
-    try:
-        for block in blocks:
-            exec(compile(block, "docs/porting.md", "exec"), namespace)
-    finally:
-        root.handlers[:] = saved[0]
-        root.setLevel(saved[1])
-        logger.setLevel(saved[2])
-    assert namespace["served"]["y"].shape == (64,)
-    assert namespace["quiet"].log_step_count_steps is None

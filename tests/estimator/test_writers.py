@@ -485,8 +485,9 @@ def test_the_porting_recipe_for_a_tracker_runs(tmp_path, monkeypatch):
     fake.Histogram = lambda values: ("histogram", np.asarray(values).shape)
     fake.Image = lambda image: ("image", np.asarray(image).shape)
     monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.chdir(tmp_path)                 # the recipe's model_dir is relative
 
-    namespace = {"est": est, "model_dir": str(tmp_path)}
+    namespace = {"est": est}
     exec(porting_snippet(), namespace)
     tracker, config = namespace["tracker"], namespace["config"]
     config = dataclasses.replace(config, iterations_per_loop=10, save_summary_steps=10, log_step_count_steps=10)
@@ -507,5 +508,6 @@ def test_the_porting_recipe_for_a_tracker_runs(tmp_path, monkeypatch):
     assert logged["weights"][0] == (0, ("histogram", (D, C))) and logged["picture"][1] == (10, ("image", (D, C, 1)))
     assert logged["note"] == [(0, "step 0"), (10, "step 10")]
     assert logged["eval/accuracy"] == [(20, pytest.approx(result["accuracy"]))]
-    assert read_metrics(tmp_path)[0]["kind"] == "hparams"           # the recipe's other writers wrote too
-    assert read_scalars(tmp_path)["loss"][-1][0] == 20
+    run_dir = tmp_path / namespace["model_dir"]
+    assert read_metrics(run_dir)[0]["kind"] == "hparams"            # the recipe's other writers wrote too
+    assert read_scalars(run_dir)["loss"][-1][0] == 20
