@@ -25,6 +25,7 @@ def _rows(text: str) -> set:
     return {tuple(re.split(r"\s{2,}", line.strip())[:2]) for line in text.splitlines() if "  " in line.strip()}
 
 
+@pytest.mark.serial
 def test_train_suite_prints_every_figure_timing_and_ratio_and_leaves_no_ring_behind(tmp_path, capsys, monkeypatch):
     real, calls = suite.run, []
 

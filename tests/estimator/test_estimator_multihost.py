@@ -5,6 +5,8 @@ import os
 import sys
 import textwrap
 
+import pytest
+
 import numpy as np
 
 import infeed
@@ -49,6 +51,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.serial
 def test_two_processes_train_resume_evaluate_and_predict(tmp_path, run_two_processes):
     sys.path.insert(0, HERE)
     from test_estimator import logits_of, make_data

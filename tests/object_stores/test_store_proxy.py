@@ -77,6 +77,7 @@ def test_objects_write_read_back_and_list_through_the_proxy(store, request):
         assert f.read() == big
 
 
+@pytest.mark.serial
 def test_each_request_waits_the_latency_and_connections_are_served_side_by_side(store, request):
     path, reads, readers = _path(store, request, "a.bin"), 10, 8
     _write(store.filesystem(), path)
@@ -104,6 +105,7 @@ def test_each_request_waits_the_latency_and_connections_are_served_side_by_side(
     assert side_by_side < readers / 2 * one, (one, side_by_side)            # one after the other: readers * one
 
 
+@pytest.mark.serial
 def test_latency_changes_while_the_proxy_runs(s3_server, request):
     path = _path(s3_server, request, "a.bin")
     _write(s3_server.filesystem(), path)

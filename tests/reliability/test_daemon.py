@@ -1,5 +1,5 @@
 """The daemon under fault injection: workers killed, crashed, failing or stalled; the trainer killed
-or interrupted; a whole process group killed; and 200 daemons in a row leaving nothing behind."""
+or interrupted; a whole process group killed; and 100 daemons in a row leaving nothing behind."""
 
 import datetime
 import gc
@@ -534,7 +534,7 @@ def test_gc_never_follows_a_link_nor_takes_a_ring_in_creation(tmp_path):
     assert ring_is_orphan(str(creating))
 
 
-# --- 200 daemons in a row --------------------------------------------------------------------------
+# --- 100 daemons in a row --------------------------------------------------------------------------
 
 def _own_segments() -> set[str]:
     """Names of the rings in /dev/shm that this process created."""
@@ -563,7 +563,9 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_200_daemons_in_a_row_return_descriptors_segments_children_and_memory_to_baseline(tmp_path):
+def test_100_daemons_in_a_row_return_descriptors_segments_children_and_memory_to_baseline(tmp_path):
+    """Descriptors, segments, children, mappings and the daemons themselves are counted exactly, so one leaked in
+    any cycle fails; the RSS allows 40 KiB a cycle (noise included), as 200 cycles with 8 MiB did."""
     path = str(tmp_path / "tiny.tfrecord")
     with infeed.TFRecordWriter(path) as w:
         for i in range(8):
@@ -581,11 +583,11 @@ def test_200_daemons_in_a_row_return_descriptors_segments_children_and_memory_to
         cycle()
     gc.collect()
     fds, segments, kids, rss = len(os.listdir("/proc/self/fd")), _own_segments(), children(), _rss()
-    for _ in range(200):
+    for _ in range(100):
         cycle()
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds
     assert _own_segments() == segments == set()
     assert children() == kids          # the baseline: earlier tests in this process may have their own
     assert _ring_mappings() == 0 and not any(ref() for ref in daemons)      # every daemon and its ring freed
-    assert _rss() - rss < 8 << 20, f"RSS grew by {(_rss() - rss) / 2**20:.1f} MiB over 200 daemons"
+    assert _rss() - rss < 4 << 20, f"RSS grew by {(_rss() - rss) / 2**20:.1f} MiB over 100 daemons"

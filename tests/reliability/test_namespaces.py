@@ -32,7 +32,8 @@ def _unshare_works() -> str:
     return ""
 
 
-pytestmark = pytest.mark.skipif(bool(reason := _unshare_works()), reason=reason or "unused")
+# serial: a ring must stay an orphan until the test collects it, and the test collects every orphan of the user.
+pytestmark = [pytest.mark.skipif(bool(reason := _unshare_works()), reason=reason or "unused"), pytest.mark.serial]
 
 
 @pytest.fixture

@@ -105,6 +105,7 @@ def test_a_names_directory_that_is_not_private_is_refused_not_used(name, monkeyp
     assert os.listdir(planted) == []
 
 
+@pytest.mark.serial
 def test_a_killed_servers_name_is_replaced_by_the_next_server_and_collected_by_gc(tmp_path, name, serve):
     server, segment = serve(tmp_path / "a", name)
     server.kill()

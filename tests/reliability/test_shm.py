@@ -42,6 +42,7 @@ def tiny_shm(monkeypatch):
     monkeypatch.setattr(segments.os, "statvfs", lambda path: Tiny())
 
 
+@pytest.mark.serial
 def test_too_little_shm_space_names_needed_and_free_bytes(tiny_shm):
     before = _segments()
     with pytest.raises(infeed.ShmSpaceError) as info:
@@ -52,6 +53,7 @@ def test_too_little_shm_space_names_needed_and_free_bytes(tiny_shm):
     assert _segments() == before
 
 
+@pytest.mark.serial
 def test_a_daemon_too_big_for_shm_fails_at_creation_before_any_worker_starts(tiny_shm, tmp_path):
     ds = Dataset(write_files(tmp_path), SPEC, batch_size=1000)
     before, kids = _segments(), children()
@@ -60,6 +62,7 @@ def test_a_daemon_too_big_for_shm_fails_at_creation_before_any_worker_starts(tin
     assert _segments() == before and children() == kids
 
 
+@pytest.mark.serial
 def test_space_lost_between_check_and_reservation_raises_and_removes_the_segment(monkeypatch):
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")

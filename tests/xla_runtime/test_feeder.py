@@ -156,6 +156,7 @@ def test_host_copies_reuse_memory_only_once_no_device_array_or_computation_uses_
     assert buffers.reused > 0 and buffers.allocated >= 4
 
 
+@pytest.mark.serial
 def test_transfer_overlaps_compute(mesh):
     n, pause = 8, 0.05
     requested, computed = [], []
@@ -215,6 +216,7 @@ def test_a_dimension_that_does_not_divide_by_its_mesh_axis_is_named(mesh, mesh2d
         next(feeder)
 
 
+@pytest.mark.serial
 def test_close_mid_stream_releases_slots_and_stops_the_thread(mesh):
     ring = Ring(n=None, slots=3)                        # endless
     feeder = Feeder(ring, mesh, P("data"), prefetch=2)
@@ -231,6 +233,7 @@ def test_close_mid_stream_releases_slots_and_stops_the_thread(mesh):
     np.testing.assert_array_equal(np.asarray(first["x"]), np.zeros((16, 128), np.float32))
 
 
+@pytest.mark.serial
 def test_close_does_not_wait_for_a_stuck_source(mesh):
     gate, released = threading.Event(), []
 
