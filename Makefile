@@ -33,11 +33,12 @@ demo: $(STAMP)
 
 # Two passes: every test not marked serial on TEST_WORKERS pytest-xdist processes (one per CPU by default), then
 # those marked `serial` (pyproject.toml: they judge the whole of /dev/shm or every orphaned ring, collect orphans, or
-# compare times) one at a time. PYTEST_ARGS go to both (e.g. PYTEST_ARGS=--durations=15).
+# compare times) one at a time, collected from the files that name the mark. PYTEST_ARGS go to both
+# (e.g. PYTEST_ARGS=--durations=15).
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -q -m serial $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m serial $(PYTEST_ARGS) $$(grep -rlw --include='*.py' 'pytest.mark.serial' tests)
 
 # The two ends of the supported versions (setup.py's ranges; docs/porting.md): .venv-oldest, Python 3.11 with every
 # lower bound (constraints/oldest.txt), and .venv-newest, the newest Python here (3.13, else 3.12: jax 0.11+ and
