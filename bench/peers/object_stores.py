@@ -164,6 +164,10 @@ class ServerProcess:
         return f"--- the end of {self.log} ---\n{text[-chars:]}"
 
 
+#: The object ``S3Server.answers`` reads back, outside the keys tests and suites use.
+READY_PROBE = ".ready-probe"
+
+
 @dataclasses.dataclass(frozen=True)
 class S3Server:
     """A SeaweedFS S3 endpoint with one bucket and one identity (an admin): requests must be signed with its keys."""
@@ -196,13 +200,22 @@ class S3Server:
                 "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": self.region, "AWS_DEFAULT_REGION": self.region}
 
     def answers(self) -> bool:
-        """Whether the S3 port answers and a signed request finds the bucket (made a moment after the port opens)."""
+        """Whether the S3 port answers, a signed request finds the bucket (made a moment after the port opens) and
+        an object reads back (``READY_PROBE``, written on the first start): after a restart the bucket is found
+        a moment before the volume holding the objects is served, and a read then fails with INTERNAL_FAILURE."""
         if http_status(f"http://{self.endpoint}/") is None:
             return False
         probe = self.filesystem(retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1), connect_timeout=2,
                                 request_timeout=5)
+        path = f"{self.bucket}/{READY_PROBE}"
         try:
-            return probe.get_file_info(self.bucket).type == pafs.FileType.Directory
+            if probe.get_file_info(self.bucket).type != pafs.FileType.Directory:
+                return False
+            if probe.get_file_info(path).type == pafs.FileType.NotFound:
+                with probe.open_output_stream(path) as f:
+                    f.write(b"ready")
+            with probe.open_input_file(path) as f:
+                return f.read() == b"ready"
         except OSError:
             return False
 
