@@ -20,7 +20,7 @@ import pytest
 from .markdown_blocks import blocks
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
 RUN = [page for page in PAGES if any(b.lang == "python" for b in blocks(page))]
 #: Modules a page needs throughout (extras of the dev install): its test is skipped without them.
 NEEDS = {"embedding.md": ("flax", "grain"), "grain.md": ("grain",)}
