@@ -33,10 +33,10 @@ the CPU, ``jax.device_put`` of a numpy array whose memory is 64-byte aligned
 ``may_alias=False`` does not prevent it for numpy inputs (jax-ml/jax#37830).
 So on CPU devices each leaf is first copied into 64-byte aligned memory of
 the feeder's own that the device arrays then alias: one copy, as on a GPU.
-That memory is reused (:class:`HostBuffers`): the CPU client holds a
-reference to the numpy array that owns aliased memory until the last device
-array on it, and every computation reading it, is gone, so a buffer whose
-owner nothing else references is free. Fresh memory for each batch costs the
+That memory is reused (:class:`~xla_runtime.host_buffers.HostBuffers`) once
+the copy's lease is finalized: the CPU client holds a reference to the numpy
+array that device arrays alias until the last of them, and every computation
+reading it, is gone, and every view of a copy leads back to its lease. Fresh memory for each batch costs the
 kernel's zeroing of its pages and their unmapping, which also interrupts the
 compute threads: on an idle 2-core machine the copy and transfer of a 40 MB
 slot took 26 ms into fresh memory, 15 ms into reused memory.
@@ -82,12 +82,12 @@ import numpy as np
 from jax.profiler import TraceAnnotation
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-__all__ = ["Feeder", "FeederStats", "HostBuffers"]
+from xla_runtime.host_buffers import HostBuffers
+
+__all__ = ["Feeder", "FeederStats"]
 
 #: Seconds between looks at the stop flag in every wait of the thread and the consumer.
 POLL = 0.05
-#: Byte alignment of host copies: XLA's CPU client uses such memory in place instead of copying it again.
-ALIGN = 64
 #: prctl's option that names the calling thread (15 bytes at most).
 _PR_SET_NAME = 15
 
@@ -289,51 +289,6 @@ def _name_native_thread(name: bytes) -> None:
 def _is_leaf(tree: Any) -> bool:
     """Whether JAX sees ``tree`` as one leaf (a dict subclass it does not know, such as infeed.Batch)."""
     return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(tree))
-
-
-class HostBuffers:
-    """Host memory aligned to :data:`ALIGN` bytes for the CPU backend's copies, reused once free.
-
-    Each buffer is a numpy array that owns its memory; the copies handed out
-    are views of it. A buffer is free when nothing but this pool references
-    its owner: no view of it is alive, and the CPU client, which references
-    the owner of memory that device arrays alias, has let go of it (the last
-    such array deleted and every computation that read it done). Up to
-    ``per_size`` buffers of each size are kept; beyond that a copy gets memory
-    of its own, freed with it.
-    """
-
-    #: References to a free owner during the look in :meth:`_free`: the pool's list, the loop's name and
-    #: ``sys.getrefcount``'s argument.
-    _UNUSED = 3
-
-    def __init__(self, per_size: int):
-        self.per_size = per_size
-        self._owners: dict[int, list] = {}
-        #: Copies made into reused memory, and into new memory.
-        self.reused = self.allocated = 0
-
-    def copy(self, leaf: np.ndarray) -> np.ndarray:
-        """A copy of ``leaf`` in aligned memory that no live array shares."""
-        owner = self._free(leaf.nbytes)
-        if owner is None:
-            owner = np.empty(leaf.nbytes + ALIGN, np.uint8)
-            owners = self._owners.setdefault(leaf.nbytes, [])
-            if len(owners) < self.per_size:
-                owners.append(owner)
-            self.allocated += 1
-        else:
-            self.reused += 1
-        start = -owner.ctypes.data % ALIGN
-        out = owner[start:start + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape)
-        np.copyto(out, leaf)
-        return out
-
-    def _free(self, nbytes: int):
-        for owner in self._owners.get(nbytes, ()):
-            if sys.getrefcount(owner) <= self._UNUSED:
-                return owner
-        return None
 
 
 def _check_divides(name: str, shape: tuple, sharding: NamedSharding) -> None:
