@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +19,30 @@ def pytest_configure(config):
     ``--benchmark-enable``): so ``make test`` stays quick and ``pytest --benchmark-only`` times the kernels."""
     if not (config.getoption("benchmark_only", False) or config.getoption("benchmark_enable", False)):
         config.option.benchmark_disable = True
+
+
+def _inherited_signal_state() -> str:
+    """What a child started now would inherit that stops Ctrl-C reaching it: SIGINT ignored, or signals blocked in
+    this thread ('' when neither)."""
+    notes = []
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        notes.append("SIGINT is ignored in this process: children inherit SIG_IGN and Python installs no handler")
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if blocked:
+        notes.append(f"signals blocked in this thread, inherited by children: {sorted(s.name for s in blocked)}")
+    return "\n".join(notes)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report says so when this process would start children deaf to SIGINT (seen once: four tests
+    that interrupt a child failed on one xdist worker in one parallel run, and not in three others)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        state = _inherited_signal_state()
+        if state:
+            report.sections.append(("signal state", state))
 
 
 #: TensorFlow-written conformance files, beside the project's checkout.
