@@ -15,6 +15,7 @@ import infeed
 from infeed import Daemon, Dataset, FixedLen
 from infeed.commands.cli import main as cli_main
 from infeed.ring.segments import SHM_DIR
+from reliability.processes import kill_server
 
 SPEC = {"id": FixedLen((), "int64"), "x": FixedLen((3,), "float32")}
 
@@ -30,37 +31,6 @@ def files(tmp_path_factory):
                 w.write(infeed.encode_example({"id": [i], "x": [i, i + 0.5, -i]}))
         paths.append(path)
     return paths
-
-
-def _group(pgid: int) -> list[int]:
-    """The live processes (zombies not counted) of process group ``pgid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
-            except (OSError, ValueError):
-                continue
-            if int(group) == pgid and state not in ("Z", "X"):
-                found.append(int(entry))
-    return found
-
-
-def _kill(server: subprocess.Popen) -> None:
-    """Kills ``server`` (in a session of its own), then what is left of its group after 2 s (its workers
-    remove the ring once they see it gone)."""
-    if server.poll() is None:
-        server.kill()
-    server.wait()
-    deadline = time.monotonic() + 2
-    while _group(server.pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        os.killpg(server.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    server.stdout.close()
 
 
 @pytest.fixture
@@ -86,7 +56,7 @@ def start_server():
         yield start
     finally:
         for server in started:
-            _kill(server)
+            kill_server(server)
 
 
 def test_an_attached_trainer_gets_the_daemons_batches_and_the_server_cleans_up(files, tmp_path, start_server):

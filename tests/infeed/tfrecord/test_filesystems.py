@@ -13,7 +13,7 @@ import infeed
 from infeed.errors import FileSystemConfigError
 from infeed.tfrecord import filesystems
 from infeed.tfrecord.filesystems import (filesystem_for, register_filesystem, registered_filesystems,
-                                         restore_registered_filesystems, unregister_filesystem)
+                                         unregister_filesystem)
 from tfrecord_files import write_records
 
 RECORDS = [infeed.encode_example({"x": [float(i)] * 2, "label": [i]}) for i in range(24)]
@@ -23,15 +23,6 @@ SPEC = {"x": infeed.FixedLen((2,), "float32"), "label": infeed.FixedLen((), "int
 def local_tree(root):
     """A factory for register_filesystem: bucket/key under the folder ``root``."""
     return pafs.SubTreeFileSystem(root, pafs.LocalFileSystem())
-
-
-@pytest.fixture
-def clean_registry():
-    saved = registered_filesystems()
-    yield
-    for entry in registered_filesystems():
-        unregister_filesystem(entry["prefix"])
-    restore_registered_filesystems(saved)
 
 
 @pytest.fixture

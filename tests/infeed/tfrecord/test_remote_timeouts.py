@@ -15,9 +15,7 @@ import pytest
 import infeed
 from infeed.errors import FileSystemConfigError
 from infeed.tfrecord import filesystems, reader
-from infeed.tfrecord.filesystems import (filesystem_for, register_filesystem, registered_filesystems,
-                                         remote_timeout_s, restore_registered_filesystems, s3_timeouts,
-                                         unregister_filesystem)
+from infeed.tfrecord.filesystems import filesystem_for, register_filesystem, remote_timeout_s, s3_timeouts
 
 BUDGET_S = 3.0
 HEAD_ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nContent-Type: application/octet-stream\r\n"
@@ -165,15 +163,6 @@ def test_the_default_budget_keeps_a_silent_server_within_60_s_by_the_settings_ma
     waits = sum(reader.REMOTE_RETRY_WAIT_S * 2 ** i for i in range(attempts - 1))
     assert attempts * (k * (connect + request) + back_off) + waits <= 60.0 + 1e-9
     assert filesystems.gcs_retry_limit_s(reader.REMOTE_TIMEOUT_S) * attempts + waits <= 60.0
-
-
-@pytest.fixture
-def clean_registry():
-    saved = registered_filesystems()
-    yield
-    for entry in registered_filesystems():
-        unregister_filesystem(entry["prefix"])
-    restore_registered_filesystems(saved)
 
 
 def test_a_registered_s3_kind_takes_its_timeouts_from_the_budget_and_its_own_retries(clean_registry):
