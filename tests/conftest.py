@@ -4,6 +4,7 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 # Multi-device code runs on 8 CPU "devices"; XLA reads this when JAX first starts, so set it before any import.
@@ -31,6 +32,37 @@ def _inherited_signal_state() -> str:
     if blocked:
         notes.append(f"signals blocked in this thread, inherited by children: {sorted(s.name for s in blocked)}")
     return "\n".join(notes)
+
+
+class SignalStateLeaked(UserWarning):
+    """A test left SIGINT's handler changed in this process."""
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handler_restored(request):
+    """Puts SIGINT's handler back after each test that changed it, warning with the test's name: a handler left
+    ignored would be inherited by every child the process starts later (Python installs none in a child started
+    with SIGINT ignored), so the tests that interrupt a child failed far from the cause."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before and after != before:
+        signal.signal(signal.SIGINT, before)
+        warnings.warn(SignalStateLeaked(f"{request.node.nodeid} left SIGINT's handler {after!r} (was {before!r}): "
+                                        "put back"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The same for what the fixture cannot see (a module- or session-scoped fixture's set-up or teardown): the
+    handler is put back before the next test, with a line on stderr."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before and after != before:
+        signal.signal(signal.SIGINT, before)
+        print(f"conftest: SIGINT's handler was {after!r} after {item.nodeid} and its fixtures: put back",
+              file=sys.stderr)
 
 
 @pytest.hookimpl(hookwrapper=True)
