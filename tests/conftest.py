@@ -4,7 +4,6 @@ import signal
 import socket
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 # Multi-device code runs on 8 CPU "devices"; XLA reads this when JAX first starts, so set it before any import.
@@ -13,6 +12,13 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
+
+# A suite started in the background of a shell without job control (`make test &` in a script, nohup) inherits
+# SIGINT ignored, and so would every child it starts: Python installs no handler in a process started so, and the
+# tests that interrupt a child with Ctrl-C would wait for it in vain. The suite's own processes take the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
@@ -34,41 +40,10 @@ def _inherited_signal_state() -> str:
     return "\n".join(notes)
 
 
-class SignalStateLeaked(UserWarning):
-    """A test left SIGINT's handler changed in this process."""
-
-
-@pytest.fixture(autouse=True)
-def _sigint_handler_restored(request):
-    """Puts SIGINT's handler back after each test that changed it, warning with the test's name: a handler left
-    ignored would be inherited by every child the process starts later (Python installs none in a child started
-    with SIGINT ignored), so the tests that interrupt a child failed far from the cause."""
-    before = signal.getsignal(signal.SIGINT)
-    yield
-    after = signal.getsignal(signal.SIGINT)
-    if after is not before and after != before:
-        signal.signal(signal.SIGINT, before)
-        warnings.warn(SignalStateLeaked(f"{request.node.nodeid} left SIGINT's handler {after!r} (was {before!r}): "
-                                        "put back"))
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """The same for what the fixture cannot see (a module- or session-scoped fixture's set-up or teardown): the
-    handler is put back before the next test, with a line on stderr."""
-    before = signal.getsignal(signal.SIGINT)
-    yield
-    after = signal.getsignal(signal.SIGINT)
-    if after is not before and after != before:
-        signal.signal(signal.SIGINT, before)
-        print(f"conftest: SIGINT's handler was {after!r} after {item.nodeid} and its fixtures: put back",
-              file=sys.stderr)
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failed test's report says so when this process would start children deaf to SIGINT (seen once: four tests
-    that interrupt a child failed on one xdist worker in one parallel run, and not in three others)."""
+    """A failed test's report says so when this process would start children deaf to SIGINT (how the suite's
+    background launch was found: four tests that interrupt a child failed together, in the runs started so)."""
     outcome = yield
     report = outcome.get_result()
     if report.failed:
