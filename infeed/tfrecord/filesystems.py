@@ -21,7 +21,7 @@ In order:
    (``?endpoint_override=host:port&scheme=http&region=...``), ``hdfs://``, ``file://``.
 
 Each open and read of a remote file has one time budget, every attempt included
-(:func:`remote_timeout_s`: ``infeed.tfrecord.reader.REMOTE_TIMEOUT_S``, 60 s, unless a URI's query or a
+(:func:`remote_timeout_s`: ``REMOTE_TIMEOUT_S``, 60 s, unless a URI's query or a
 registration says ``timeout_s``). The S3 and GCS filesystems built here get their client's own timeouts and retries
 from it (:func:`s3_timeouts`, :func:`gcs_retry_limit_s`), so that the store's client, retrying beneath infeed's
 attempts, does not multiply them; a filesystem a factory makes is its own, and only infeed's attempts stop at the
@@ -53,29 +53,33 @@ __all__ = ["filesystem_for", "google_credentials_source", "register_filesystem",
            "unregister_filesystem"]
 
 #: The GCS options a gs:// URI's query may give (pyarrow's three, the ones it cannot say, and infeed's budget).
+#: Attempts at each open and read of a remote file (URI), the first included, before its OSError
+#: is raised; and the wait before the second attempt, doubled before each further one.
+REMOTE_ATTEMPTS = 4
+REMOTE_RETRY_WAIT_S = 0.25
+#: The time one open or read of a remote file may take, all its attempts (and the store client's own retries within
+#: them) together: no attempt begins once it is spent. A URI's query or a registration may say another
+#: (``timeout_s``: :func:`remote_timeout_s`); the S3 and GCS clients infeed builds take
+#: their timeouts and retries from it when they are made (:func:`s3_timeouts`).
+REMOTE_TIMEOUT_S = 60.0
+
 GCS_QUERY_OPTIONS = ("scheme", "endpoint_override", "retry_limit_seconds", "anonymous", "project_id",
                      "default_bucket_location", "timeout_s")
 
 #: The option, in any remote URI's query or a registration, for the time one open or read may take, all its attempts
-#: together (``infeed.tfrecord.reader.REMOTE_TIMEOUT_S`` where none says).
+#: together (``REMOTE_TIMEOUT_S`` where none says).
 TIMEOUT_OPTION = "timeout_s"
 
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
 #: How long pyarrow's GCS client retries a failing request (throttling, a server away) when the URI does not say
 #: (``retry_limit_seconds``): its own default is minutes, during which a read gives no sign; infeed's own
-#: attempts (``infeed.tfrecord.reader.REMOTE_ATTEMPTS``) come on top.
+#: attempts (``REMOTE_ATTEMPTS``) come on top.
 GCS_RETRY_LIMIT_S = 15
 
 #: The AWS SDK's attempts at each request (its standard retry strategy, pyarrow's default) within each of infeed's, in
 #: the S3 filesystems infeed builds; a registration's ``retry_max_attempts`` replaces it.
 S3_SDK_ATTEMPTS = 3
-
-
-def _reader():
-    from infeed.tfrecord import reader              # (reader imports this module when it opens a URI)
-
-    return reader
 
 
 def _timeout(where: str, value) -> float:
@@ -91,9 +95,8 @@ def _timeout(where: str, value) -> float:
 def _attempt_share_s(timeout_s: float) -> float:
     """The budget's share of one of infeed's attempts: ``timeout_s`` less infeed's waits between its
     REMOTE_ATTEMPTS attempts, divided among them."""
-    reader = _reader()
-    attempts = max(1, reader.REMOTE_ATTEMPTS)
-    waits = reader.REMOTE_RETRY_WAIT_S * (2 ** (attempts - 1) - 1)
+    attempts = max(1, REMOTE_ATTEMPTS)
+    waits = REMOTE_RETRY_WAIT_S * (2 ** (attempts - 1) - 1)
     return max(timeout_s - waits, 0.0) / attempts
 
 
@@ -127,7 +130,7 @@ def _s3(options: dict, timeout_s: float | None = None):
     sdk_attempts = int(options.pop("retry_max_attempts", S3_SDK_ATTEMPTS))
     # pyarrow takes a strategy object: JSON carries the number
     options.setdefault("retry_strategy", pafs.AwsStandardS3RetryStrategy(max_attempts=sdk_attempts))
-    connect, request = s3_timeouts(_reader().REMOTE_TIMEOUT_S if timeout_s is None else timeout_s, sdk_attempts)
+    connect, request = s3_timeouts(REMOTE_TIMEOUT_S if timeout_s is None else timeout_s, sdk_attempts)
     options.setdefault("connect_timeout", connect)          # the registration's own, where it gives them
     options.setdefault("request_timeout", request)
     return pafs.S3FileSystem(**options)
@@ -138,7 +141,7 @@ def _gcs(options: dict, timeout_s: float | None = None):
 
     options = dict(options)
     if "retry_limit_seconds" not in options:
-        options["retry_limit_seconds"] = gcs_retry_limit_s(_reader().REMOTE_TIMEOUT_S if timeout_s is None
+        options["retry_limit_seconds"] = gcs_retry_limit_s(REMOTE_TIMEOUT_S if timeout_s is None
                                                            else timeout_s)
     # pyarrow takes a timedelta: JSON carries the seconds
     options["retry_time_limit"] = datetime.timedelta(seconds=float(options.pop("retry_limit_seconds")))
@@ -360,7 +363,7 @@ def filesystem_for(uri: str):
         if not options.get("anonymous") and "access_token" not in options:
             _check_google_credentials(uri)
         if "retry_limit_seconds" not in options:   # as the budget is now (the key below keeps it)
-            options["retry_limit_seconds"] = gcs_retry_limit_s(options.get(TIMEOUT_OPTION, _reader().REMOTE_TIMEOUT_S))
+            options["retry_limit_seconds"] = gcs_retry_limit_s(options.get(TIMEOUT_OPTION, REMOTE_TIMEOUT_S))
         key = tuple(sorted(options.items()))
         fs = _gcs_cache.get(key)
         if fs is None:
@@ -400,9 +403,9 @@ def _pop_timeout(uri: str, query: str) -> tuple[float | None, str]:
 def remote_timeout_s(uri: str) -> float:
     """The time one open or read of ``uri`` may take, all its attempts together, in seconds: ``timeout_s`` of the
     filesystem registered for it, or of its query where none is registered, else
-    ``infeed.tfrecord.reader.REMOTE_TIMEOUT_S`` (60)."""
+    ``REMOTE_TIMEOUT_S`` (60)."""
     location, query = split_query(uri)
-    default = _reader().REMOTE_TIMEOUT_S
+    default = REMOTE_TIMEOUT_S
     if "://" not in location:
         return default
     entry = _registered_for(location)

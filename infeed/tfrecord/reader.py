@@ -30,15 +30,7 @@ COMPRESSIONS = (None, "", "GZIP", "ZLIB", "auto")
 _DEFAULT_BUFFER = 8 << 20
 _EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zlib": "ZLIB", ".zz": "ZLIB"}
 
-#: Attempts at each open and read of a remote file (URI), the first included, before its OSError
-#: is raised; and the wait before the second attempt, doubled before each further one.
-REMOTE_ATTEMPTS = 4
-REMOTE_RETRY_WAIT_S = 0.25
-#: The time one open or read of a remote file may take, all its attempts (and the store client's own retries within
-#: them) together: no attempt begins once it is spent. A URI's query or a registration may say another
-#: (``timeout_s``: :func:`infeed.tfrecord.filesystems.remote_timeout_s`); the S3 and GCS clients infeed builds take
-#: their timeouts and retries from it when they are made (:func:`infeed.tfrecord.filesystems.s3_timeouts`).
-REMOTE_TIMEOUT_S = 60.0
+from infeed.tfrecord.filesystems import REMOTE_ATTEMPTS, REMOTE_RETRY_WAIT_S, REMOTE_TIMEOUT_S  # noqa: E402,F401
 
 #: Reading a remote file front to back (read_records, the daemon's streamed reads): ranges of READ_AHEAD_BYTES,
 #: up to READ_AHEAD_RANGES of them requested ahead of the reader, on a pool of READ_AHEAD_THREADS threads a

@@ -128,7 +128,7 @@ def assert_bounded(server, error, uri: str, took: float):
 def test_read_records_from_a_silent_s3_server_gives_up_within_the_budget_naming_the_uri(silent_s3, budget_in,
                                                                                       monkeypatch):
     if budget_in == "constant":
-        monkeypatch.setattr(reader, "REMOTE_TIMEOUT_S", BUDGET_S)
+        monkeypatch.setattr(filesystems, "REMOTE_TIMEOUT_S", BUDGET_S)
     uri = uri_of(silent_s3, "streamed", timeout=budget_in == "query")
     began = time.monotonic()
     with pytest.raises(OSError) as failed:
