@@ -31,7 +31,9 @@ MAGIC = b"INFEEDRB"
 #: 5: ``skipped`` in the worker table: records made padding rows (``skip_corrupt``).
 #: 6: units dealt to whichever worker is free: ``next_unit`` in the header, ``claim`` and ``next_claim`` in the
 #:    worker table; slots' ``seq`` start at -1.
-VERSION = 6
+#: 7: ``counting`` in the worker table: odd while a worker updates its counters, so that a reader takes them
+#:    whole (:meth:`~infeed.ring.worker_table.WorkerTable.workers`).
+VERSION = 7
 #: The header's ``state`` once the creator has written everything: attachers refuse a ring before that.
 READY = 1
 ALIGN = 64
@@ -60,8 +62,9 @@ SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i
 #: ``read_ns`` (opening and reading files, ``inflate_ns`` within it), ``crc_ns``, ``decode_ns`` (into the
 #: slot) and ``wait_ns`` (for a free slot); ``read_bytes`` came out of its streams (inflated),
 #: ``compressed_bytes`` went into inflating. Its other time is planning and moving past others' records.
-WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("batches", "<i8"),
-                   ("records", "<i8"), ("bytes", "<i8"), ("skipped", "<i8"), ("claim", "<i8"), ("next_claim", "<i8"),
+#: ``counting`` is odd while the worker updates the beat and the counters (a sequence lock: readers retry).
+WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("counting", "<i8"),
+                   ("batches", "<i8"), ("records", "<i8"), ("bytes", "<i8"), ("skipped", "<i8"), ("claim", "<i8"), ("next_claim", "<i8"),
                    ("decode_ns", "<i8"), ("wait_ns", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"),
                    ("read_bytes", "<i8"), ("compressed_bytes", "<i8")])
 #: The fields a worker's record readers count (``STAGE_TOTALS``, stored as they come), last.

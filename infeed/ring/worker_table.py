@@ -15,11 +15,14 @@ from infeed.ring.layout import HEADER_WORDS, READER_FIELDS, WORKER, WORKER_FIELD
 
 __all__ = ["CLAIMING", "WorkerTable"]
 
-_BEAT, _BATCHES, _RECORDS, _BYTES, _SKIPPED, _CLAIM, _NEXT_CLAIM, _DECODE, _WAIT, _READERS = (
-    WORKER_FIELDS[f] for f in ("beat_ns", "batches", "records", "bytes", "skipped", "claim", "next_claim",
+_BEAT, _COUNTING, _BATCHES, _RECORDS, _BYTES, _SKIPPED, _CLAIM, _NEXT_CLAIM, _DECODE, _WAIT, _READERS = (
+    WORKER_FIELDS[f] for f in ("beat_ns", "counting", "batches", "records", "bytes", "skipped", "claim", "next_claim",
                                "decode_ns", "wait_ns", READER_FIELDS[0]))
 #: A worker's claim while it takes the next unit (a death then leaves it, not a unit, unaccounted).
 CLAIMING = -2
+#: Reads of an entry before :meth:`WorkerTable.workers` takes it as it is: a live worker updates its counters
+#: in microseconds, so only one that died doing so (``counting`` left odd) uses them all.
+_CONSISTENT_READ_TRIES = 1000
 
 
 class WorkerTable:
@@ -83,16 +86,30 @@ class WorkerTable:
         (:data:`~infeed.ring.layout.WORKER`; ``*_ns`` as ``*_s`` seconds)."""
         now = time.monotonic_ns()
         out = []
-        for k, w in enumerate(self._workers):
-            if w["pid"] <= 0:
+        for k in range(len(self._workers)):
+            if self._workers[k]["pid"] <= 0:
                 continue
+            w = self._read_whole(k)
             entry = {"index": k, "pid": int(w["pid"]), "elapsed_s": (int(w["beat_ns"]) - int(w["started_ns"])) / 1e9,
                      "since_beat": (now - int(w["beat_ns"])) / 1e9}
-            for name in WORKER.names[3:]:
+            for name in WORKER.names[WORKER.names.index("batches"):]:
                 value = int(w[name])
                 entry.update({name[:-3] + "_s": value / 1e9} if name.endswith("_ns") else {name: value})
             out.append(entry)
         return out
+
+    def _read_whole(self, index: int):
+        """A copy of worker ``index``'s entry taken between two of its updates (``counting`` even and the same
+        before and after): a beat with the counters of the same moment. A torn copy (the beat before an update,
+        the counters after) would give a stage more seconds than the beats cover, and shares above 1."""
+        q, seq = self._q, self._worker0 + WORKER_WORDS * index + _COUNTING
+        for _ in range(_CONSISTENT_READ_TRIES):
+            before = int(q[seq])
+            entry = self._workers[index].copy()
+            if before % 2 == 0 and int(q[seq]) == before:
+                return entry
+            os.sched_yield()
+        return entry
 
     def check_workers(self) -> None:
         """Raises :class:`~infeed.WorkerDied` when a registered worker no longer holds its lock: it has
@@ -113,6 +130,7 @@ class WorkerTable:
         ``readers``: the totals of the worker's record readers so far, stored as they are
         (``infeed.tfrecord._tfrecord.stage_totals()``: read, inflate and CRC ns, bytes read and inflated)."""
         w, q = self._worker0 + WORKER_WORDS * index, self._q
+        q[w + _COUNTING] += 1                   # odd: readers retry until it is even again (see _read_whole)
         q[w + _BEAT] = time.monotonic_ns()
         if batches or records or skipped:
             q[w + _BATCHES] += batches
@@ -122,5 +140,6 @@ class WorkerTable:
         q[w + _DECODE] += decode_ns
         q[w + _WAIT] += wait_ns
         if readers is not None:
-            w += _READERS
-            q[w], q[w + 1], q[w + 2], q[w + 3], q[w + 4] = readers
+            r = w + _READERS
+            q[r], q[r + 1], q[r + 2], q[r + 3], q[r + 4] = readers
+        q[w + _COUNTING] += 1

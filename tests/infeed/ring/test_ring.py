@@ -294,6 +294,41 @@ def test_a_worker_owes_at_most_two_units_and_its_claims_are_visible_to_the_consu
     assert ring.workers()[0]["claim"] == -1 and ring.workers()[1]["claim"] == 1
 
 
+def test_a_workers_counters_are_read_whole_never_torn_by_its_update(ring):
+    # Each update adds 1 batch, 10 records and 1 ms of decoding: a copy taken mid-update (the GIL switched
+    # every microsecond) would show one without the others, and stage seconds the beat does not cover
+    ring.register_worker(0)
+    stop, torn = threading.Event(), []
+
+    def count():
+        while not stop.is_set():
+            ring.count_work(0, batches=1, records=10, decode_ns=1_000_000)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    writer = threading.Thread(target=count)
+    writer.start()
+    try:
+        for _ in range(3000):
+            w = ring.workers()[0]
+            if not (w["records"] == 10 * w["batches"] and w["decode_s"] == pytest.approx(1e-3 * w["batches"])):
+                torn.append(w)
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(interval)
+    assert ring.workers()[0]["batches"] > 0 and torn == []
+
+
+def test_a_worker_that_died_updating_its_counters_does_not_hang_their_readers(ring):
+    ring.register_worker(0)
+    ring.count_work(0, batches=2, records=8)
+    ring._workers[0]["counting"] += 1           # an update begun and never ended
+    began = time.monotonic()
+    [w] = ring.workers()
+    assert (w["batches"], w["records"]) == (2, 8) and time.monotonic() - began < 5
+
+
 def test_a_slot_taken_before_its_turn_goes_back_to_the_unit_before(ring):
     """Unit 3 shares slot 0 with unit 0: taken first, it waits until unit 0 was published there and released."""
     got = []
