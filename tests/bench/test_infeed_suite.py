@@ -230,7 +230,7 @@ def check_scaling(table, group, name, figures, rates, refused=()):
         assert row["speedup"] == pytest.approx(rates[figures[w]] / rates[figures[1]])
         assert row["efficiency"] == pytest.approx(row["speedup"] / w)
         assert set(row["worker_shares"]) == {"read", "inflate", "crc", "decode", "wait_for_slot", "other"}
-        assert all(0 <= x <= 1 for x in [*row["worker_shares"].values(), row["consumer_wait"]])
+        assert all(0 <= x <= 1 for x in [*row["worker_shares"].values(), row["consumer_wait"]]), row
 
 
 @pytest.mark.parametrize("bad", ["0", "1,x", ",", "-1"])
