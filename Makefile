@@ -5,13 +5,12 @@ VENV ?= $(if $(filter command line,$(origin PYTHON)),.venv-$(notdir $(PYTHON)),.
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-oldest test-newest wheel check-install bench soak fuzz asan clean
+.PHONY: demo test test-oldest test-newest wheel check-install bench soak fuzz asan clean FORCE
 
 # A venv made by $(1) at $(2), made anew when it holds another Python than $(1).
 define make_venv
 	@$(1) -c 'import sys' || { echo "make: $(1) does not run: name an installed interpreter with PYTHON=..." >&2; exit 2; }
-	test "$$($(2)/bin/python -VV 2>&1)" = "$$($(1) -VV 2>&1)" || { rm -rf $(2) && $(1) -m venv $(2); }
-	$(2)/bin/python -m pip install -q --upgrade "pip>=24"
+	test "$$($(2)/bin/python -VV 2>&1)" = "$$($(1) -VV 2>&1)" || { rm -rf $(2) && tools/make-venv $(1) $(2); }
 endef
 
 EXT_SOURCES := $(wildcard infeed/*/*.pyx infeed/*/*.pxd infeed/*/*.h infeed/tfrecord/_crc32c.c)
@@ -41,9 +40,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -m serial $(PYTEST_ARGS) $$(grep -rlw --include='*.py' 'pytest.mark.serial' tests)
 
 # The two ends of the supported versions (setup.py's ranges; docs/porting.md): .venv-oldest, Python 3.11 with every
-# lower bound (constraints/oldest.txt), and .venv-newest, the newest Python here (3.13, else 3.12: jax 0.11+ and
-# numpy 2.5 need 3.12) with the newest release below every upper bound (constraints/newest.txt). The interpreters are
-# found on PATH or through pyenv (tools/find-python); PYTHON=... on the command line names one instead.
+# lower bound (constraints/oldest.txt), and .venv-newest, the newest Python here (3.14, else 3.13, else 3.12: jax 0.11+
+# and numpy 2.5 need 3.12) with the newest release below every upper bound (constraints/newest.txt); each says which
+# interpreter it took. The interpreters are found on PATH, through pyenv or in tools/install-python-debian's private
+# prefix (tools/find-python); PYTHON=... on the command line names one instead.
 # Each builds the extensions with its own numpy, Cython and setuptools (no build isolation; in place, so the
 # extension files of this interpreter's ABI are rebuilt, and the others' kept), then runs the tests of what those
 # versions touch: the estimator, checkpoints (on gs:// too, against fake-gcs-server), export, the compiled loop, the
@@ -55,18 +55,29 @@ COMPAT_TESTS := tests/estimator tests/xla_runtime tests/reliability/test_checkpo
 	tests/docs infeed xla_runtime estimator
 
 VERSIONS_oldest := 3.11
-VERSIONS_newest := 3.13 3.12
+VERSIONS_newest := 3.14 3.13 3.12
 ifeq ($(origin PYTHON),command line)
 PYTHON_oldest := $(PYTHON)
 PYTHON_newest := $(PYTHON)
+CHOSEN := named by PYTHON=
 else
 PYTHON_oldest := $(shell tools/find-python $(VERSIONS_oldest))
 PYTHON_newest := $(shell tools/find-python $(VERSIONS_newest))
+CHOSEN = the first found of $(VERSIONS_$*)
 endif
 
-.venv-%/.installed: constraints/%.txt setup.py pyproject.toml $(EXT_SOURCES)
+# The interpreter a compatibility venv is for, rewritten only when it changes: a 3.14 installed after .venv-newest was
+# made on 3.13 makes the venv anew.
+.venv-%.interpreter: FORCE
+	@v="$$($(PYTHON_$*) -VV 2>&1 | tr '\n' ' ')at $(PYTHON_$*)"; test "$$(cat $@ 2>/dev/null)" = "$$v" || echo "$$v" > $@
+
+FORCE:
+.PRECIOUS: .venv-%.interpreter
+
+.venv-%/.installed: .venv-%.interpreter constraints/%.txt setup.py pyproject.toml $(EXT_SOURCES)
 	@test -n "$(PYTHON_$*)" || { echo "make test-$*: no Python $(VERSIONS_$*) found (tried pythonX.Y on PATH and" \
-	"'pyenv prefix X.Y'): install one (pyenv install $(firstword $(VERSIONS_$*))) or name one: PYTHON=/path/to/python" >&2; exit 2; }
+	"'pyenv prefix X.Y' and tools/install-python-debian's prefixes): install one (pyenv install $(firstword $(VERSIONS_$*))," \
+	"or tools/install-python-debian for 3.14) or name one: PYTHON=/path/to/python" >&2; exit 2; }
 	$(call make_venv,$(PYTHON_$*),.venv-$*)
 	.venv-$*/bin/python -m pip install -q -c constraints/$*.txt Cython setuptools numpy wheel
 	abi=$$(.venv-$*/bin/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))') && \
@@ -76,7 +87,7 @@ endif
 	touch $@
 
 test-oldest test-newest: test-%: .venv-%/.installed
-	.venv-$*/bin/python -VV
+	@echo "make test-$*: $$(.venv-$*/bin/python -V) at $(PYTHON_$*) ($(CHOSEN))"
 	.venv-$*/bin/python -m pip list 2>/dev/null | grep -E '^(jax|jaxlib|numpy|ml_dtypes|pyarrow|optax|orbax-checkpoint|etils|tqdm|flatbuffers|simplejpeg|grain|flax|pillow|gcsfs|Cython|setuptools) '
 	.venv-$*/bin/python -m pytest -q $(COMPAT_TESTS)
 

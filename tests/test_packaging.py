@@ -78,11 +78,13 @@ def test_each_lower_bound_is_the_oldest_release_tested():
 def test_python_versions_in_python_requires_and_the_classifiers_agree():
     requires = SpecifierSet(SETUP["python_requires"])
     minors = [c.rsplit(" :: ", 1)[1] for c in SETUP["classifiers"] if re.fullmatch(r".*Python :: 3\.\d+", c)]
-    assert minors == ["3.11", "3.12", "3.13"]
+    assert minors == ["3.11", "3.12", "3.13", "3.14"]
     assert all(Version(m) in requires for m in minors)
-    assert Version("3.10") not in requires and Version("3.14") not in requires
+    assert Version("3.10") not in requires and Version("3.15") not in requires
     makefile = (ROOT / "Makefile").read_text()
-    assert "VERSIONS_oldest := 3.11" in makefile and "VERSIONS_newest := 3.13 3.12" in makefile
+    assert "VERSIONS_oldest := 3.11" in makefile and "VERSIONS_newest := 3.14 3.13 3.12" in makefile
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'make test PYTHON="$py314"' in ci and 'make check-install PYTHON="$(tools/find-python 3.14 3.13)"' in ci
 
 
 def test_the_sdist_manifest_names_every_source_the_extensions_build_from():
