@@ -10,6 +10,10 @@ from pathlib import Path
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# numpy's BLAS on one thread in the suite's processes and every child of theirs (examples, bench suites): the
+# xdist workers already take a CPU each, and an OpenBLAS pool of a thread per CPU in each process costs about
+# 0.15 CPU-seconds at start-up alone. The daemon's workers default to it anyway (WORKER_THREAD_DEFAULTS).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest
 

@@ -36,10 +36,17 @@ STOP_GRACE = 5.0
 _log = logging.getLogger("infeed")
 
 
+#: The worker's settings of numpy's BLAS, where this process's environment has none: one thread. W workers
+#: already run on W CPUs, and OpenBLAS starts a pool of a thread per CPU in each at import (about a third of a
+#: worker's start-up CPU time on 2 cores; a transform's matrix products stay on the worker's own CPU).
+WORKER_THREAD_DEFAULTS = {"OPENBLAS_NUM_THREADS": "1"}
+
+
 def _worker_environment() -> dict:
     """The worker's environment: this one, with the directory infeed was imported from first on its path
-    (the worker runs with ``-P``: never the current directory, where a folder named ``infeed`` may be)."""
-    env = dict(os.environ)
+    (the worker runs with ``-P``: never the current directory, where a folder named ``infeed`` may be), and
+    :data:`WORKER_THREAD_DEFAULTS` where it sets none of them."""
+    env = {**WORKER_THREAD_DEFAULTS, **os.environ}
     root = str(Path(__file__).resolve().parents[2])       # the folder that holds the infeed package
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env

@@ -44,6 +44,23 @@ def test_the_workers_never_import_packages_of_the_current_directory(files, tmp_p
     assert not marker.exists(), marker.read_text()
 
 
+def _worker_setting(files, name: str) -> str:
+    """``name`` in the environment the daemon's worker was started with (its /proc/PID/environ)."""
+    with Daemon(Dataset(files, SPEC, batch_size=4, num_epochs=None), num_workers=1, timeout=60) as feed:
+        next(feed)
+        [proc] = feed._procs
+        with open(f"/proc/{proc.pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    return env.get(name.encode(), b"<unset>").decode()
+
+
+def test_the_workers_blas_runs_one_thread_unless_the_trainers_environment_says(files, tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert _worker_setting(files, "OPENBLAS_NUM_THREADS") == "1"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    assert _worker_setting(files, "OPENBLAS_NUM_THREADS") == "3"
+
+
 def test_a_worker_failing_to_import_shows_its_error_in_the_trainers_exception(files, tmp_path, monkeypatch):
     # numpy, shadowed for the workers alone (the trainer imported its own already): they fail at start-up.
     os.makedirs(tmp_path / "shadow" / "numpy")
