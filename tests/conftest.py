@@ -33,11 +33,13 @@ def pytest_configure(config):
 
 
 def _inherited_signal_state() -> str:
-    """What a child started now would inherit that stops Ctrl-C reaching it: SIGINT ignored, or signals blocked in
-    this thread ('' when neither)."""
+    """What a child started now would inherit that stops Ctrl-C or SIGTERM reaching it: either ignored, or signals
+    blocked in this thread ('' when none)."""
     notes = []
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         notes.append("SIGINT is ignored in this process: children inherit SIG_IGN and Python installs no handler")
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        notes.append("SIGTERM is ignored in this process: children inherit SIG_IGN, and SIGTERM kills none of them")
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     if blocked:
         notes.append(f"signals blocked in this thread, inherited by children: {sorted(s.name for s in blocked)}")
