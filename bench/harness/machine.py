@@ -52,10 +52,24 @@ def _versions(*packages: str) -> dict:
     return out
 
 
+#: What a fresh process's JAX devices depend on: :func:`jax_devices` asks again only when one of them changed.
+_DEVICE_ENVIRONMENT = ("JAX_PLATFORMS", "XLA_FLAGS", "CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS", "PATH",
+                       "LD_LIBRARY_PATH")
+_devices_seen: dict = {}
+
+
 def jax_devices(timeout: float = 120.0) -> dict:
     """JAX's default backend and devices as a fresh process sees them (``{"backend": ..., "devices": [...]}``),
     or ``{"backend": None, "error": ...}``. A separate process: importing JAX here would fix its devices for
-    the suites that set their own."""
+    the suites that set their own. Asked once per process and environment (a second bench run in the same
+    process, as the tests make, takes the answer again: starting JAX costs a CPU-second or two)."""
+    key = tuple(os.environ.get(name) for name in _DEVICE_ENVIRONMENT)
+    if key not in _devices_seen:
+        _devices_seen[key] = _ask_jax_devices(timeout)
+    return json.loads(json.dumps(_devices_seen[key]))      # a copy the caller may change
+
+
+def _ask_jax_devices(timeout: float) -> dict:
     import subprocess
 
     code = ("import json, jax; print(json.dumps({'backend': jax.default_backend(), "

@@ -256,3 +256,18 @@ def test_a_speed_up_above_w_is_flagged_as_what_w_cpus_cannot_give(tmp_path):
     assert "  2.34x (> W)  " in text and text.endswith(harness.OVER_W_NOTE) and "3.90x (> W)" not in text
     md, _ = markdown.write_report(_doc(tmp_path, r))
     assert "| 2.34x (> W) |" in open(md).read() and harness.OVER_W_NOTE in open(md).read()
+
+
+def test_jax_devices_asks_a_fresh_process_once_per_environment(monkeypatch):
+    from bench.harness import machine
+
+    asked = []
+    monkeypatch.setattr(machine, "_devices_seen", {})
+    monkeypatch.setattr(machine, "_ask_jax_devices", lambda timeout: asked.append(os.environ.get("XLA_FLAGS")) or
+                        {"backend": "cpu", "devices": ["1 x cpu"]})
+    first = machine.jax_devices()
+    first["devices"].append("changed by the caller")
+    assert machine.jax_devices() == {"backend": "cpu", "devices": ["1 x cpu"]} and len(asked) == 1
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    machine.jax_devices()
+    assert asked == [asked[0], "--xla_force_host_platform_device_count=2"]
