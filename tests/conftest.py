@@ -24,6 +24,19 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kept_indexes_apart(tmp_path_factory):
+    """The suite's indexes kept apart from the data go to a directory of its own, never the user's cache
+    (``INFEED_INDEX_DIR``: the default index_dir of every Dataset, `infeed` command and child process)."""
+    saved = os.environ.get("INFEED_INDEX_DIR")
+    os.environ["INFEED_INDEX_DIR"] = str(tmp_path_factory.mktemp("kept-indexes"))
+    yield
+    if saved is None:
+        os.environ.pop("INFEED_INDEX_DIR", None)
+    else:
+        os.environ["INFEED_INDEX_DIR"] = saved
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     """pytest-benchmark tests run once, as plain tests, unless timing is asked for (``--benchmark-only`` or

@@ -48,6 +48,7 @@ from infeed.daemon.transforms import check_outputs, outputs_to_json
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import Padded, spec_from_json, spec_to_json
 from infeed.tfrecord.files import expand_files
+from infeed.tfrecord.index_cache import default_index_dir, find_index
 from infeed.tfrecord.reader import COMPRESSIONS, MAX_RECORD_SIZE, read_records
 
 __all__ = ["Dataset", "PADDING_KEY"]
@@ -96,6 +97,11 @@ class Dataset:
     on each batch's real rows, after ``transform``. Each is a module-level function or its
     ``"module:function"`` name: the workers import it by that name. ``outputs``: what they return, one
     example's ``{name: (shape, dtype)}``, which the batches then hold (see docs/transforms.md).
+
+    ``index_dir``: where record indexes kept apart from the data are looked for when a file has no
+    ``infeed index`` sidecar (``infeed index --output-dir``: for files in read-only places); None: the
+    default (``$INFEED_INDEX_DIR``, else ``$XDG_CACHE_HOME/infeed/indexes``; :mod:`infeed.tfrecord.index_cache`),
+    False: sidecars only. A sidecar comes first. It changes no batch, only how the records are reached.
     """
 
     def __init__(self, files: str | os.PathLike | Sequence, features: Mapping, batch_size: int, *,
@@ -104,7 +110,8 @@ class Dataset:
                  shard_index: int = 0, num_shards: int = 1, steps_per_slot: int = 1,
                  compression: str | None = "auto", skip_corrupt: bool = False,
                  labels: str | Sequence[str] | None = None, max_record_size: int = MAX_RECORD_SIZE,
-                 transform=None, batch_transform=None, outputs: Mapping | None = None):
+                 transform=None, batch_transform=None, outputs: Mapping | None = None,
+                 index_dir: str | os.PathLike | bool | None = None):
         self.paths = tuple(files) if isinstance(files, _Matched) else tuple(expand_files(files))
         self._file_numbers = {path: i for i, path in enumerate(self.paths)}
         self.features = dict(features)
@@ -152,6 +159,13 @@ class Dataset:
             raise ValueError(f"labels {missing} are not {'outputs' if transformed else 'features of the spec'} "
                              f"({sorted(names)})")
         self.labels = tuple(labels)
+        if index_dir is True or (index_dir is not None and index_dir is not False
+                                 and not isinstance(index_dir, (str, os.PathLike))):
+            raise ValueError(f"index_dir must be a directory path, None (the default) or False (sidecars only), "
+                             f"got {index_dir!r:.80}")
+        #: Where indexes apart from the data are looked for (an absolute path), or False.
+        self.index_dir = (default_index_dir() if index_dir is None else
+                          False if index_dir is False else os.path.abspath(os.fspath(index_dir)))
 
     # --- derived ------------------------------------------------------------------------------
     @property
@@ -172,20 +186,21 @@ class Dataset:
 
     def indexes(self) -> dict | None:
         """``{path: RecordIndex}`` for this host's files when every one has an ``infeed index``
-        sidecar, else None; ``shuffle="global"`` needs them (ValueError naming a file without one).
+        sidecar or an index in :attr:`index_dir`, else None; ``shuffle="global"`` needs them (ValueError
+        naming a file without one).
 
         With them, workers read only the records of their own batches, global
         shuffling is possible, and a resume jumps straight to its batch.
         """
-        from infeed.tfrecord.index import load_index
-
         found = {}
         for path in self.shard_paths():
-            index = load_index(path)
+            index = find_index(path, self.index_dir)
             if index is None:
                 if self.shuffle == "global":
-                    raise ValueError(f"shuffle='global' needs a record index for every file and {path} has none: "
-                                     f"run `infeed index` on the files first")
+                    kept = "" if self.index_dir is False else f" or in {self.index_dir}"
+                    raise ValueError(f"shuffle='global' needs a record index for every file and {path} has none "
+                                     f"beside it{kept}: run `infeed index` on the files first (`--output-dir DIR` "
+                                     f"where they cannot have one beside them)")
                 return None
             found[path] = index
         return found
@@ -254,6 +269,7 @@ class Dataset:
         their names and outputs, when there are any."""
         doc = self.to_json()
         del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"], doc["max_record_size"]
+        del doc["index_dir"]
         for name in _TRANSFORM_SETTINGS:
             if doc[name] is None:
                 del doc[name]
@@ -272,7 +288,8 @@ class Dataset:
                 "max_record_size": self.max_record_size,
                 "transform": None if self.transform is None else self.transform.name,
                 "batch_transform": None if self.batch_transform is None else self.batch_transform.name,
-                "outputs": None if self.outputs is None else outputs_to_json(self.outputs)}
+                "outputs": None if self.outputs is None else outputs_to_json(self.outputs),
+                "index_dir": self.index_dir}
 
     @classmethod
     def from_json(cls, doc: Mapping, *, matched: bool = False) -> "Dataset":

@@ -173,14 +173,15 @@ def _remove(path: str) -> None:
     fs.delete_file(inner)
 
 
-def load_index(path) -> RecordIndex | None:
-    """The index of the data file ``path`` read from its sidecar, or None when it has none.
+def load_index(path, index_file=None) -> RecordIndex | None:
+    """The index of the data file ``path`` read from its sidecar (or from ``index_file``, an index kept
+    elsewhere: :mod:`infeed.tfrecord.index_cache`), or None when there is none.
 
-    Raises :class:`~infeed.errors.IndexFileError` when the sidecar is damaged, does not fit
+    Raises :class:`~infeed.errors.IndexFileError` when the index is damaged, does not fit
     together, or was built for a different size of the data file (stale).
     """
     path = path_str(path)
-    sidecar = index_path(path)
+    sidecar = index_path(path) if index_file is None else path_str(index_file, "index_file")
     try:
         stream, _ = open_input(sidecar)
     except FileNotFoundError:

@@ -5,6 +5,7 @@ environment (``AWS_ENDPOINT_URL``, keys, region) or with the endpoint in the URI
 from ``Daemon.state()``, and a missing object or bucket named by its URI."""
 
 import json
+import os
 import time
 
 import numpy as np
@@ -92,6 +93,22 @@ def test_infeed_index_writes_sidecars_into_the_bucket_and_global_shuffle_reads_t
     assert main(["index", f"{folder}/*"]) == 0                   # the sidecars it matches are skipped
     assert "0 indexed, 3 up to date" in capsys.readouterr().out
     ds = infeed.Dataset(f"{folder}/part-*.tfrecord", SPEC, batch_size=8, shuffle="global", seed=2)
+    got, _ = labels_of(ds)
+    assert sorted(got) == list(range(120)) and got != list(range(120))
+
+
+def test_indexes_of_a_bucket_kept_in_a_local_directory_write_nothing_into_it(folder, tmp_path, capsys):
+    # A bucket the user may only read: the indexes live in a directory of theirs, keyed by each object's URI
+    # and identity; the bucket holds what it held, and global shuffle reads through the kept indexes
+    paths = write_shards(folder)
+    kept = tmp_path / "indexes"
+    assert main(["index", "--output-dir", str(kept), f"{folder}/part-*.tfrecord"]) == 0
+    assert "3 indexed, 0 up to date" in capsys.readouterr().out
+    assert expand_files(f"{folder}/*") == paths and len(os.listdir(kept)) == 3
+    assert main(["index", "--output-dir", str(kept), f"{folder}/part-*.tfrecord"]) == 0
+    assert "0 indexed, 3 up to date" in capsys.readouterr().out
+    ds = infeed.Dataset(f"{folder}/part-*.tfrecord", SPEC, batch_size=8, shuffle="global", seed=2, index_dir=kept)
+    assert all(ds.indexes()[p].count == 40 for p in paths)
     got, _ = labels_of(ds)
     assert sorted(got) == list(range(120)) and got != list(range(120))
 

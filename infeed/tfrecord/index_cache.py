@@ -1,0 +1,100 @@
+"""Indexes kept apart from the data: a directory of record indexes, each keyed by its data file's URI and
+identity, for files that have no sidecar and cannot get one (a read-only bucket or mount, a shared dataset).
+
+An entry is ``<sha256 of the URI>-<size>-<mtime in ns>.index`` in the directory, in the sidecar's format
+(:mod:`infeed.tfrecord.index`). The name binds it to one version of one file: a file rewritten since has
+another identity, so its old entry is never found for it, and a same-size rewrite within the same
+modification time is still caught at read time by the records' CRCs (``SourceChangedError``). An entry is
+checked when loaded like a sidecar (magic, payload CRC, the data file's size): a damaged one is an
+:class:`~infeed.errors.IndexFileError` naming it, never trusted. Entries are written atomically (a
+temporary name, then a rename), so two processes or hosts writing the same entry at once both leave a
+whole one.
+
+The directory: the ``index_dir`` a :class:`~infeed.Dataset` or ``infeed index --output-dir`` is given, else
+``$INFEED_INDEX_DIR``, else ``$XDG_CACHE_HOME/infeed/indexes`` (``~/.cache/infeed/indexes``). A sidecar beside
+the data file comes first (:func:`find_index`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from infeed.errors import IndexFileError
+from infeed.tfrecord.filesystems import filesystem_for
+from infeed.tfrecord.index import INDEX_SUFFIX, RecordIndex, load_index, write_index
+from infeed.tfrecord.names import path_str
+from infeed.tfrecord.reader import _is_uri
+
+__all__ = ["INDEX_DIR_ENV", "cached_index_path", "data_identity", "default_index_dir", "find_index",
+           "load_cached_index", "write_cached_index"]
+
+#: The environment variable naming the directory of indexes kept apart from the data.
+INDEX_DIR_ENV = "INFEED_INDEX_DIR"
+
+
+def default_index_dir() -> str:
+    """``$INFEED_INDEX_DIR``, else ``$XDG_CACHE_HOME/infeed/indexes``, else ``~/.cache/infeed/indexes``."""
+    named = os.environ.get(INDEX_DIR_ENV)
+    if named:
+        return os.path.abspath(os.path.expanduser(named))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(cache), "infeed", "indexes")
+
+
+def data_identity(path) -> tuple[str, int, int]:
+    """``(uri, size, mtime_ns)`` of the data file ``path`` as it is now: its absolute path or its URI (query
+    included: it may name another endpoint), its size and its modification time in ns (-1 where the store
+    gives none). Raises FileNotFoundError for a file that does not exist."""
+    path = path_str(path)
+    if not _is_uri(path):
+        st = os.stat(path)
+        return os.path.abspath(path), st.st_size, st.st_mtime_ns
+    import pyarrow.fs as pafs
+
+    fs, inner = filesystem_for(path)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"no such file: {path}")
+    mtime = info.mtime_ns
+    return path, int(info.size), -1 if mtime is None else int(mtime)
+
+
+def cached_index_path(index_dir, identity: tuple[str, int, int]) -> str:
+    """The entry in ``index_dir`` for the data file of ``identity`` (:func:`data_identity`)."""
+    uri, size, mtime_ns = identity
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:40]
+    return os.path.join(os.fspath(index_dir), f"{digest}-{size}-{mtime_ns}{INDEX_SUFFIX}")
+
+
+def load_cached_index(path, index_dir) -> RecordIndex | None:
+    """The index of ``path`` from its entry in ``index_dir``, or None when there is none for the file as it is
+    now. Raises :class:`~infeed.errors.IndexFileError` naming a damaged entry."""
+    entry = cached_index_path(index_dir, data_identity(path))
+    if not os.path.exists(entry):
+        return None
+    return load_index(path, index_file=entry)
+
+
+def write_cached_index(index: RecordIndex, index_dir, identity: tuple[str, int, int] | None = None) -> str:
+    """Writes ``index`` as the entry of its data file in ``index_dir`` (made if missing), atomically; returns
+    the entry's path. ``identity``: the data file's, taken before it was indexed (:func:`data_identity`); an
+    index of a file that changed meanwhile is refused with :class:`~infeed.errors.IndexFileError`."""
+    now = data_identity(index.path)
+    if identity is not None and identity != now:
+        raise IndexFileError(index.path, f"changed while it was indexed: {identity[1:]} then {now[1:]} (size, "
+                                         f"mtime_ns); index it again")
+    if now[1] != index.file_size:
+        raise IndexFileError(index.path, f"the index covers {index.file_size} bytes, the file has {now[1]}")
+    os.makedirs(index_dir, exist_ok=True)
+    return write_index(index, cached_index_path(index_dir, now))
+
+
+def find_index(path, index_dir=None) -> RecordIndex | None:
+    """The index of ``path``: its sidecar first, else its entry in ``index_dir`` (None: :func:`default_index_dir`;
+    False: sidecars only), else None. A damaged or stale sidecar or entry raises
+    :class:`~infeed.errors.IndexFileError`."""
+    index = load_index(path)
+    if index is not None or index_dir is False:
+        return index
+    return load_cached_index(path, default_index_dir() if index_dir is None else index_dir)

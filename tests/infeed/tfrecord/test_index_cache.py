@@ -1,0 +1,141 @@
+"""Indexes kept apart from the data (infeed.tfrecord.index_cache): written by `infeed index --output-dir`,
+found by a Dataset's index_dir after any sidecar, keyed by the file's path and identity, checked when loaded,
+written whole by writers racing for the same entry."""
+
+import os
+import threading
+
+import pytest
+
+import infeed
+from infeed import Daemon, Dataset, FixedLen
+from infeed.commands.cli import main
+from infeed.errors import IndexFileError
+from infeed.tfrecord import _tfrecord
+from infeed.tfrecord.index import build_index, load_index, write_index
+from infeed.tfrecord.index_cache import (INDEX_DIR_ENV, cached_index_path, data_identity, default_index_dir,
+                                         find_index, load_cached_index, write_cached_index)
+
+SPEC = {"id": FixedLen((), "int64")}
+
+
+@pytest.fixture
+def shards(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = []
+    for s in range(2):
+        path = str(data / f"train-{s:05d}-of-00002")
+        with infeed.TFRecordWriter(path) as w:
+            for i in range(12):
+                w.write(infeed.encode_example({"id": [12 * s + i]}))
+        paths.append(path)
+    return paths
+
+
+def test_the_cli_keeps_indexes_in_the_output_dir_and_nothing_beside_the_data(tmp_path, shards, capsys):
+    before = sorted(os.listdir(os.path.dirname(shards[0])))
+    kept = tmp_path / "indexes"
+    assert main(["index", "--output-dir", str(kept), *shards]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("2 indexed, 0 up to date")
+    assert sorted(os.listdir(os.path.dirname(shards[0]))) == before           # no sidecar, no temporary file
+    assert sorted(os.listdir(kept)) == sorted(os.path.basename(cached_index_path(kept, data_identity(p)))
+                                               for p in shards)
+    assert main(["index", "--output-dir", str(kept), *shards]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("0 indexed, 2 up to date")
+    assert load_cached_index(shards[1], kept).count == 12 and load_index(shards[1]) is None
+
+
+def test_a_dataset_reads_through_the_kept_indexes_as_through_sidecars(tmp_path, shards):
+    kept = tmp_path / "indexes"
+    main(["index", "--output-dir", str(kept), *shards])
+    ds = Dataset(shards, SPEC, batch_size=4, shuffle="global", seed=3, index_dir=kept)
+    assert ds.index_dir == str(kept) and set(ds.indexes()) == set(shards)
+    with Daemon(ds, num_workers=2, timeout=60) as feed:
+        kept_order = [i for batch in feed for i in batch["id"].tolist()]
+    for path in shards:
+        write_index(build_index(path))
+    with Daemon(Dataset(shards, SPEC, batch_size=4, shuffle="global", seed=3, index_dir=False), num_workers=1,
+                timeout=60) as feed:
+        sidecar_order = [i for batch in feed for i in batch["id"].tolist()]
+    assert kept_order == sidecar_order and sorted(kept_order) == list(range(24)) and kept_order != list(range(24))
+
+
+def test_a_sidecar_comes_first_and_false_means_sidecars_only(tmp_path, shards):
+    kept = tmp_path / "indexes"
+    entry = write_cached_index(build_index(shards[0]), kept)
+    with open(entry, "r+b") as f:                  # the kept index damaged: a sidecar beside the data wins
+        f.seek(40)
+        f.write(b"\xff" * 8)
+    write_index(build_index(shards[0]))
+    assert find_index(shards[0], kept).count == 12
+    os.unlink(shards[0] + ".index")
+    with pytest.raises(IndexFileError, match=rf"{entry}.*payload CRC32C mismatch"):
+        find_index(shards[0], kept)
+    assert find_index(shards[0], False) is None
+    assert Dataset(shards, SPEC, batch_size=4, index_dir=False).indexes() is None
+
+
+def test_a_file_changed_since_it_was_indexed_has_no_kept_index(tmp_path, shards):
+    kept = tmp_path / "indexes"
+    write_cached_index(build_index(shards[0]), kept)
+    with open(shards[0], "ab") as f:
+        f.write(_tfrecord.frame(infeed.encode_example({"id": [99]})))
+    assert load_cached_index(shards[0], kept) is None
+    with pytest.raises(ValueError, match=rf"needs a record index for every file and {shards[0]} has none beside it "
+                                         rf"or in {kept}: run `infeed index`.*--output-dir DIR"):
+        Dataset(shards, SPEC, batch_size=4, shuffle="global", index_dir=kept).indexes()
+
+
+def test_an_index_of_a_file_that_changed_while_it_was_indexed_is_refused(tmp_path, shards):
+    identity = data_identity(shards[0])
+    index = build_index(shards[0])
+    with open(shards[0], "ab") as f:
+        f.write(_tfrecord.frame(b"late"))
+    with pytest.raises(IndexFileError, match="changed while it was indexed"):
+        write_cached_index(index, tmp_path / "indexes", identity)
+    with pytest.raises(IndexFileError, match=rf"the index covers {index.file_size} bytes"):
+        write_cached_index(index, tmp_path / "indexes")
+    assert not (tmp_path / "indexes").exists() or os.listdir(tmp_path / "indexes") == []
+
+
+def test_writers_racing_for_the_same_entry_leave_one_whole_index(tmp_path, shards):
+    kept = tmp_path / "indexes"
+    index = build_index(shards[1])
+    start, errors = threading.Barrier(8), []
+
+    def write():
+        start.wait()
+        try:
+            for _ in range(20):
+                write_cached_index(index, kept)
+        except Exception as e:           # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=write) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(os.listdir(kept)) == 1
+    assert load_cached_index(shards[1], kept).offsets.tolist() == index.offsets.tolist()
+
+
+def test_the_default_directory_is_named_by_the_environment(monkeypatch, tmp_path, shards):
+    monkeypatch.setenv(INDEX_DIR_ENV, str(tmp_path / "named"))
+    assert default_index_dir() == str(tmp_path / "named")
+    assert Dataset(shards, SPEC, batch_size=1).index_dir == str(tmp_path / "named")
+    monkeypatch.delenv(INDEX_DIR_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_index_dir() == str(tmp_path / "xdg" / "infeed" / "indexes")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_index_dir() == os.path.join(os.path.expanduser("~"), ".cache", "infeed", "indexes")
+
+
+def test_the_index_dir_travels_with_the_dataset_and_changes_no_fingerprint(tmp_path, shards):
+    ds = Dataset(shards, SPEC, batch_size=4, index_dir=tmp_path / "indexes")
+    again = Dataset.from_json(ds.to_json(), matched=True)
+    assert again.index_dir == str(tmp_path / "indexes")
+    assert ds.fingerprint() == Dataset(shards, SPEC, batch_size=4, index_dir=False).fingerprint()
+    with pytest.raises(ValueError, match="index_dir must be a directory path, None"):
+        Dataset(shards, SPEC, batch_size=4, index_dir=True)
