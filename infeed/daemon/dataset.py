@@ -163,9 +163,9 @@ class Dataset:
                                  and not isinstance(index_dir, (str, os.PathLike))):
             raise ValueError(f"index_dir must be a directory path, None (the default) or False (sidecars only), "
                              f"got {index_dir!r:.80}")
-        #: Where indexes apart from the data are looked for (an absolute path), or False.
-        self.index_dir = (default_index_dir() if index_dir is None else
-                          False if index_dir is False else os.path.abspath(os.fspath(index_dir)))
+        #: Where indexes apart from the data are looked for: an absolute path, None (the default directory of
+        #: the process that looks: a config read on another host looks in that host's), or False.
+        self.index_dir = index_dir if index_dir is None or index_dir is False else os.path.abspath(os.fspath(index_dir))
 
     # --- derived ------------------------------------------------------------------------------
     @property
@@ -197,7 +197,7 @@ class Dataset:
             index = find_index(path, self.index_dir)
             if index is None:
                 if self.shuffle == "global":
-                    kept = "" if self.index_dir is False else f" or in {self.index_dir}"
+                    kept = "" if self.index_dir is False else f" or in {self.index_dir or default_index_dir()}"
                     raise ValueError(f"shuffle='global' needs a record index for every file and {path} has none "
                                      f"beside it{kept}: run `infeed index` on the files first (`--output-dir DIR` "
                                      f"where they cannot have one beside them)")

@@ -124,7 +124,9 @@ def test_writers_racing_for_the_same_entry_leave_one_whole_index(tmp_path, shard
 def test_the_default_directory_is_named_by_the_environment(monkeypatch, tmp_path, shards):
     monkeypatch.setenv(INDEX_DIR_ENV, str(tmp_path / "named"))
     assert default_index_dir() == str(tmp_path / "named")
-    assert Dataset(shards, SPEC, batch_size=1).index_dir == str(tmp_path / "named")
+    write_cached_index(build_index(shards[0]), tmp_path / "named")
+    ds = Dataset(shards[:1], SPEC, batch_size=1)
+    assert ds.index_dir is None and ds.indexes()[shards[0]].count == 12      # the default, looked up when used
     monkeypatch.delenv(INDEX_DIR_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_index_dir() == str(tmp_path / "xdg" / "infeed" / "indexes")
@@ -136,6 +138,7 @@ def test_the_index_dir_travels_with_the_dataset_and_changes_no_fingerprint(tmp_p
     ds = Dataset(shards, SPEC, batch_size=4, index_dir=tmp_path / "indexes")
     again = Dataset.from_json(ds.to_json(), matched=True)
     assert again.index_dir == str(tmp_path / "indexes")
+    assert Dataset(shards, SPEC, batch_size=4).to_json()["index_dir"] is None     # each host's own default
     assert ds.fingerprint() == Dataset(shards, SPEC, batch_size=4, index_dir=False).fingerprint()
     with pytest.raises(ValueError, match="index_dir must be a directory path, None"):
         Dataset(shards, SPEC, batch_size=4, index_dir=True)
