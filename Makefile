@@ -48,7 +48,8 @@ test: $(STAMP)
 # extension files of this interpreter's ABI are rebuilt, and the others' kept), then runs the tests of what those
 # versions touch: the estimator, checkpoints (on gs:// too, against fake-gcs-server), export, the compiled loop, the
 # feeder, host calls, decoding and conversion, the Grain source, docs/embedding.md's Flax and Grain blocks, and the
-# packages' doctests (~3 minutes each on 2 cores, set-up included).
+# packages' doctests (~3 minutes each on 2 cores, set-up included), in make test's two passes (parallel, then
+# the serial tests alone).
 COMPAT_TESTS := tests/estimator tests/xla_runtime tests/reliability/test_checkpoints.py tests/reliability/test_export.py \
 	tests/object_stores/test_checkpoints_on_gcs.py \
 	tests/infeed/example tests/infeed/tfrecord tests/infeed/commands/test_convert.py tests/infeed/test_grain_source.py \
@@ -89,7 +90,8 @@ FORCE:
 test-oldest test-newest: test-%: .venv-%/.installed
 	@echo "make test-$*: $$(.venv-$*/bin/python -V) at $(PYTHON_$*) ($(CHOSEN))"
 	.venv-$*/bin/python -m pip list 2>/dev/null | grep -E '^(jax|jaxlib|numpy|ml_dtypes|pyarrow|optax|orbax-checkpoint|etils|tqdm|flatbuffers|simplejpeg|grain|flax|pillow|gcsfs|Cython|setuptools) '
-	.venv-$*/bin/python -m pytest -q $(COMPAT_TESTS)
+	.venv-$*/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not serial" $(COMPAT_TESTS)
+	.venv-$*/bin/python -m pytest -q -m serial $(COMPAT_TESTS)
 
 # What a user's pip gets, in dist/: the sdist, and the wheel built from it for $(PYTHON), repaired by auditwheel to
 # the oldest manylinux tag its symbols allow (manylinux_2_34: the extensions need only glibc, 2.34 for the ring's
