@@ -142,3 +142,13 @@ def test_the_index_dir_travels_with_the_dataset_and_changes_no_fingerprint(tmp_p
     assert ds.fingerprint() == Dataset(shards, SPEC, batch_size=4, index_dir=False).fingerprint()
     with pytest.raises(ValueError, match="index_dir must be a directory path, None"):
         Dataset(shards, SPEC, batch_size=4, index_dir=True)
+
+
+def test_no_kept_directory_costs_no_look_up_of_the_data(tmp_path, shards, monkeypatch):
+    from infeed.tfrecord import index_cache
+
+    def refuse(path):
+        raise AssertionError(f"looked {path} up")
+
+    monkeypatch.setattr(index_cache, "data_identity", refuse)       # a round trip per object for a bucket's
+    assert find_index(shards[0], tmp_path / "none here") is None
