@@ -64,8 +64,8 @@ SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i
 #: ``compressed_bytes`` went into inflating. Its other time is planning and moving past others' records.
 #: ``counting`` is odd while the worker updates the beat and the counters (a sequence lock: readers retry).
 WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("counting", "<i8"),
-                   ("batches", "<i8"), ("records", "<i8"), ("bytes", "<i8"), ("skipped", "<i8"), ("claim", "<i8"), ("next_claim", "<i8"),
-                   ("decode_ns", "<i8"), ("wait_ns", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"),
+                   ("batches", "<i8"), ("records", "<i8"), ("bytes", "<i8"), ("skipped", "<i8"), ("claim", "<i8"),
+                   ("next_claim", "<i8"), ("decode_ns", "<i8"), ("wait_ns", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"),
                    ("read_bytes", "<i8"), ("compressed_bytes", "<i8")])
 #: The fields a worker's record readers count (``STAGE_TOTALS``, stored as they come), last.
 READER_FIELDS = WORKER.names[-len(STAGE_TOTALS):]

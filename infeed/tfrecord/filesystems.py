@@ -52,7 +52,6 @@ __all__ = ["filesystem_for", "google_credentials_source", "register_filesystem",
            "gcs_retry_limit_s", "remote_timeout_s", "restore_registered_filesystems", "s3_timeouts",
            "unregister_filesystem"]
 
-#: The GCS options a gs:// URI's query may give (pyarrow's three, the ones it cannot say, and infeed's budget).
 #: Attempts at each open and read of a remote file (URI), the first included, before its OSError
 #: is raised; and the wait before the second attempt, doubled before each further one.
 REMOTE_ATTEMPTS = 4
@@ -63,6 +62,7 @@ REMOTE_RETRY_WAIT_S = 0.25
 #: their timeouts and retries from it when they are made (:func:`s3_timeouts`).
 REMOTE_TIMEOUT_S = 60.0
 
+#: The GCS options a gs:// URI's query may give (pyarrow's three, the ones it cannot say, and infeed's budget).
 GCS_QUERY_OPTIONS = ("scheme", "endpoint_override", "retry_limit_seconds", "anonymous", "project_id",
                      "default_bucket_location", "timeout_s")
 

@@ -173,9 +173,10 @@ def _remove(path: str) -> None:
     fs.delete_file(inner)
 
 
-def load_index(path, index_file=None) -> RecordIndex | None:
+def load_index(path, index_file=None, data_size: int | None = None) -> RecordIndex | None:
     """The index of the data file ``path`` read from its sidecar (or from ``index_file``, an index kept
-    elsewhere: :mod:`infeed.tfrecord.index_cache`), or None when there is none.
+    elsewhere: :mod:`infeed.tfrecord.index_cache`), or None when there is none. ``data_size``: the data
+    file's size where the caller has just looked it up (else it is looked up here).
 
     Raises :class:`~infeed.errors.IndexFileError` when the index is damaged, does not fit
     together, or was built for a different size of the data file (stale).
@@ -211,8 +212,10 @@ def load_index(path, index_file=None) -> RecordIndex | None:
         lengths = _lengths(offsets, file_size)
     except ValueError as e:
         raise IndexFileError(sidecar, str(e)) from None
-    stream, size = open_input(path)
-    stream.close()
+    size = data_size
+    if size is None:
+        stream, size = open_input(path)
+        stream.close()
     if size != file_size:
         raise IndexFileError(sidecar, f"stale: built for {file_size} bytes of {path}, which now has {size}")
     return RecordIndex(path, file_size, offsets.astype(np.int64), lengths, crcs)

@@ -21,10 +21,9 @@ import hashlib
 import os
 
 from infeed.errors import IndexFileError
-from infeed.tfrecord.filesystems import filesystem_for
 from infeed.tfrecord.index import INDEX_SUFFIX, RecordIndex, load_index, write_index
 from infeed.tfrecord.names import path_str
-from infeed.tfrecord.reader import _is_uri
+from infeed.tfrecord.reader import _is_uri, remote_file_info
 
 __all__ = ["INDEX_DIR_ENV", "cached_index_path", "data_identity", "default_index_dir", "find_index",
            "load_cached_index", "write_cached_index"]
@@ -50,14 +49,8 @@ def data_identity(path) -> tuple[str, int, int]:
     if not _is_uri(path):
         st = os.stat(path)
         return os.path.abspath(path), st.st_size, st.st_mtime_ns
-    import pyarrow.fs as pafs
-
-    fs, inner = filesystem_for(path)
-    info = fs.get_file_info(inner)
-    if info.type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"no such file: {path}")
-    mtime = info.mtime_ns
-    return path, int(info.size), -1 if mtime is None else int(mtime)
+    _, _, info = remote_file_info(path)
+    return path, int(info.size), -1 if info.mtime_ns is None else int(info.mtime_ns)
 
 
 def cached_index_path(index_dir, identity: tuple[str, int, int]) -> str:
@@ -72,10 +65,11 @@ def load_cached_index(path, index_dir) -> RecordIndex | None:
     now. Raises :class:`~infeed.errors.IndexFileError` naming a damaged entry."""
     if not os.path.isdir(index_dir):        # nothing kept: no look-up of the file (a round trip for a bucket's)
         return None
-    entry = cached_index_path(index_dir, data_identity(path))
+    identity = data_identity(path)
+    entry = cached_index_path(index_dir, identity)
     if not os.path.exists(entry):
         return None
-    return load_index(path, index_file=entry)
+    return load_index(path, index_file=entry, data_size=identity[1])
 
 
 def write_cached_index(index: RecordIndex, index_dir, identity: tuple[str, int, int] | None = None) -> str:

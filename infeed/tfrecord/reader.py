@@ -16,6 +16,7 @@ import zlib
 
 from infeed.errors import CompressedStreamError, SourceChangedError, located_os_error
 from infeed.tfrecord import _tfrecord
+from infeed.tfrecord.filesystems import REMOTE_ATTEMPTS, REMOTE_RETRY_WAIT_S, REMOTE_TIMEOUT_S  # noqa: F401
 from infeed.tfrecord.names import path_str
 
 __all__ = ["read_records", "open_input", "open_random_access", "COMPRESSIONS", "MAX_RECORD_SIZE", "RecordReader"]
@@ -29,8 +30,6 @@ COMPRESSIONS = (None, "", "GZIP", "ZLIB", "auto")
 
 _DEFAULT_BUFFER = 8 << 20
 _EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zlib": "ZLIB", ".zz": "ZLIB"}
-
-from infeed.tfrecord.filesystems import REMOTE_ATTEMPTS, REMOTE_RETRY_WAIT_S, REMOTE_TIMEOUT_S  # noqa: E402,F401
 
 #: Reading a remote file front to back (read_records, the daemon's streamed reads): ranges of READ_AHEAD_BYTES,
 #: up to READ_AHEAD_RANGES of them requested ahead of the reader, on a pool of READ_AHEAD_THREADS threads a
@@ -193,21 +192,28 @@ def open_input(path: str):
         f = open(path, "rb", buffering=0)
         st = os.fstat(f.fileno())
         return f, (st.st_size if stat.S_ISREG(st.st_mode) else -1)      # a pipe or FIFO: read to its end
-    import pyarrow.fs as pafs
-
-    fs, inner = _filesystem(path)
-    try:
-        info = _retrying(lambda: fs.get_file_info(inner), path, "looking the file up")
-    except OSError as e:
-        raise _tfrecord.located_io_error(e, path, 0, 0) from e
-    if info.type == pafs.FileType.NotFound:
-        raise FileNotFoundError(errno.ENOENT, "no such file", path)
+    fs, inner, info = remote_file_info(path)
     size = info.size if info.size is not None else -1
     try:
         stream = _RemoteInput(fs, inner, path, info)    # opened now: a failure to open is raised here
     except OSError as e:
         raise _tfrecord.located_io_error(e, path, 0, 0) from e
     return stream, size
+
+
+def remote_file_info(uri: str):
+    """``(filesystem, inner path, pyarrow FileInfo)`` of the remote file ``uri``, looked up with bounded retries
+    (REMOTE_ATTEMPTS); FileNotFoundError where there is none."""
+    import pyarrow.fs as pafs
+
+    fs, inner = _filesystem(uri)
+    try:
+        info = _retrying(lambda: fs.get_file_info(inner), uri, "looking the file up")
+    except OSError as e:
+        raise _tfrecord.located_io_error(e, uri, 0, 0) from e
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(errno.ENOENT, "no such file", uri)
+    return fs, inner, info
 
 
 def _located(error: OSError, path: str, offset: int, n: int) -> OSError:
