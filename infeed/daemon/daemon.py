@@ -20,6 +20,7 @@ from pathlib import Path
 
 from infeed.daemon.dataset import Dataset
 from infeed.daemon.feed import Feed, start_of
+from infeed.daemon.launcher import LaunchedWorker, launch
 from infeed.daemon.output import OutputTail
 from infeed.errors import InfeedError, WorkerDied
 from infeed.ring import Ring
@@ -28,7 +29,7 @@ from infeed.ring.slots import REPORTED_ERROR, SLOT_ERROR
 from infeed.ring.worker_table import CLAIMING
 from infeed.tfrecord.filesystems import registered_filesystems
 
-__all__ = ["Daemon", "WorkerProcess", "start_workers", "stop_workers"]
+__all__ = ["Daemon", "WORKER_PROCESSES", "WorkerProcess", "start_workers", "stop_workers"]
 
 #: Seconds the workers get to stop on their own before they are killed.
 STOP_GRACE = 5.0
@@ -70,14 +71,19 @@ class WorkerProcess(subprocess.Popen):
         self.output = OutputTail(read)
 
 
+#: The two kinds of worker process, each with its stderr's end kept in ``output``.
+WORKER_PROCESSES = (WorkerProcess, LaunchedWorker)
+
+
 def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, int]) -> list:
-    """Starts ``workers`` processes (:class:`WorkerProcess`) producing ``dataset`` into ``ring``;
-    they import its transforms with this process's ``sys.path`` after their own."""
+    """Starts ``workers`` processes producing ``dataset`` into ``ring``: forked by this process's launcher
+    (:mod:`infeed.daemon.launcher`), or fresh interpreters (:class:`WorkerProcess`) where it cannot; they
+    import its transforms with this process's ``sys.path`` after their own."""
     procs = []
     env = _worker_environment()
     try:
         for k in range(workers):
-            proc = WorkerProcess(env)
+            proc = launch(env) or WorkerProcess(env)
             procs.append(proc)
             config = {"ring": ring.name, "worker": k, "start": list(start),
                       "dataset": dataset.to_json(), "sys_path": sys.path, "filesystems": registered_filesystems()}
@@ -110,7 +116,7 @@ def stop_workers(ring: Ring, procs: list, grace: float = STOP_GRACE) -> None:
             proc.kill()
             proc.wait()
     for proc in procs:
-        if isinstance(proc, WorkerProcess):
+        if isinstance(proc, WORKER_PROCESSES):
             proc.output.join(max(deadline - time.monotonic(), 0.1))     # its last words written on
 
 
@@ -225,7 +231,7 @@ class Daemon(Feed):
             owner = crashed[0] if crashed else failed[0] if failed else 0
             detail = f"every worker has ended; batch {seq} is the first not delivered"
         proc, code = self._procs[owner], codes[owner]
-        output = proc.output.text() if isinstance(proc, WorkerProcess) else ""
+        output = proc.output.text() if isinstance(proc, WORKER_PROCESSES) else ""
         if code not in (0, REPORTED_ERROR):
             raise WorkerDied(proc.pid, signal=-code if code < 0 else None, exitcode=code if code >= 0 else None,
                              detail=f"worker {owner}, {detail}", output=output)
