@@ -126,3 +126,14 @@ def test_the_launcher_ends_with_a_killed_trainer_and_a_forked_trainer_has_its_ow
         time.sleep(0.05)
     else:
         assert not os.path.exists(f"/proc/{pid}"), "the launcher outlived its killed trainer"
+
+
+def test_where_no_launcher_can_start_the_workers_are_fresh_interpreters(dataset, monkeypatch):
+    def cannot(env):
+        raise OSError("the worker launcher ended (status 1)")
+
+    monkeypatch.setattr(launcher, "_launcher", None)
+    monkeypatch.setattr(launcher, "_Launcher", cannot)
+    with Daemon(dataset, num_workers=2, lock_memory=False) as feed:
+        assert all(type(p) is WorkerProcess for p in feed._procs)
+        assert ids(feed) == list(range(24))
