@@ -30,7 +30,7 @@ import time
 
 from infeed.daemon.output import OutputTail
 
-__all__ = ["LAUNCHER_ENV", "LaunchedWorker", "launch"]
+__all__ = ["LAUNCHER_ENV", "LaunchedWorker", "launch", "launcher_pid"]
 
 #: ``0`` starts every worker as a fresh interpreter.
 LAUNCHER_ENV = "INFEED_WORKER_LAUNCHER"
@@ -189,6 +189,12 @@ def _stop_launcher() -> None:
         if _launcher is not None:
             old, _launcher = _launcher, None
             old.close()
+
+
+def launcher_pid() -> int | None:
+    """The pid of this process's launcher while one runs (the one child of this process a daemon leaves)."""
+    current = _launcher
+    return None if current is None or current.owner != os.getpid() else current.process.pid
 
 
 def launch(env: dict) -> LaunchedWorker | None:
