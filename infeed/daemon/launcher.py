@@ -163,8 +163,10 @@ class _Subreaper:
 
 def _forget_in_child() -> None:
     """In a child forked from this process: the parent's launcher is not its own (and its socket closes
-    here, so the launcher still ends with the parent)."""
-    global _launcher
+    here, so the launcher still ends with the parent), and the lock is new (another of the parent's threads
+    may have held it at the fork)."""
+    global _launcher, _lock
+    _lock = threading.Lock()
     if _launcher is not None:
         _launcher.socket.close()
         _launcher = None

@@ -1,5 +1,6 @@
 """Workers forked by the launcher: the trainer's own children, with their exit statuses and signals; a launcher
-that dies, an environment that changes, a trainer that forks or is killed, and the opt-out."""
+that dies, an environment that changes, a trainer that forks (another thread starting a daemon) or is killed,
+and the opt-out."""
 
 import os
 import signal
@@ -104,16 +105,26 @@ def test_the_launcher_ends_with_a_killed_trainer_and_a_forked_trainer_has_its_ow
                 assert [i for b in feed for i in b["id"].tolist()] == list(range(24))
             return launcher._launcher.process.pid
         parent = run()
+        launcher._lock.acquire()                # as another thread starting a daemon would at the fork
         child = os.fork()
         if child == 0:
             os._exit(0 if run() != parent else 3)
-        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+        launcher._lock.release()
+        deadline = time.monotonic() + 30
+        while not (done := os.waitpid(child, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not done[0]:
+            os.kill(child, 9)
+            sys.exit("the forked trainer's daemon hung")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
         print(parent, flush=True)
         time.sleep(60)
     """)
     trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        pid = int(trainer.stdout.readline())
+        line = trainer.stdout.readline()
+        assert line, f"the trainer ended with status {trainer.wait()}"
+        pid = int(line)
         os.kill(pid, 0)                                     # the parent's launcher lives on
     finally:
         trainer.kill()
