@@ -16,6 +16,7 @@ from infeed import Daemon, Dataset, FixedLen, WorkerDied
 from infeed.daemon import launcher
 from infeed.daemon.daemon import WorkerProcess
 from infeed.daemon.launcher import LAUNCHER_ENV, LaunchedWorker
+from tests.reliability.processes import children
 
 SPEC = {"id": FixedLen((), "int64")}
 
@@ -36,14 +37,6 @@ def dataset(path):
 
 def ids(feed) -> list:
     return [i for batch in feed for i in batch["id"].tolist()]
-
-
-def children() -> set:
-    found = set()
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            found |= {int(pid) for pid in f.read().split()}
-    return found
 
 
 def test_forked_workers_are_this_processs_children_and_decode_as_fresh_ones(dataset, monkeypatch):
