@@ -21,13 +21,12 @@ import traceback
 __all__ = ["main"]
 
 
-def _become_worker(control: socket.socket, cwd: str, stdin: int, stderr: int) -> None:
-    """Runs :func:`infeed.daemon.worker.main` in this forked process, in the trainer's working directory
-    ``cwd`` and on the request's descriptors, and exits with its status; never returns."""
+def _become_worker(control: socket.socket, stdin: int, stderr: int) -> None:
+    """Runs :func:`infeed.daemon.worker.main` in this forked process, on the request's descriptors, and exits
+    with its status; never returns."""
     status = 1
     try:
         control.close()
-        os.chdir(cwd)
         os.dup2(stdin, 0)
         os.dup2(stderr, 2)
         os.close(stdin)
@@ -48,17 +47,18 @@ def _become_worker(control: socket.socket, cwd: str, stdin: int, stderr: int) ->
 
 
 def _fork_worker(control: socket.socket, cwd: str, stdin: int, stderr: int) -> int:
-    """Forks a worker through a process that exits at once; returns the worker's pid once that process is
-    gone (so the worker has been re-parented by then)."""
+    """Forks a worker in the trainer's working directory ``cwd`` through a process that exits at once; returns
+    the worker's pid once that process is gone (so the worker has been re-parented, in ``cwd``, by then)."""
     read, write = os.pipe()
     middle = os.fork()
     if middle == 0:
         try:
             os.close(read)
+            os.chdir(cwd)
             pid = os.fork()
             if pid == 0:
                 os.close(write)
-                _become_worker(control, cwd, stdin, stderr)
+                _become_worker(control, stdin, stderr)
             os.write(write, str(pid).encode())
         finally:
             os._exit(0)
