@@ -53,9 +53,11 @@ __all__ = ["filesystem_for", "google_credentials_source", "register_filesystem",
            "unregister_filesystem"]
 
 #: Attempts at each open and read of a remote file (URI), the first included, before its OSError
-#: is raised; and the wait before the second attempt, doubled before each further one.
+#: is raised; and the wait before the second attempt, doubled before each further one. The waits (1, 2 and 4 s)
+#: outlast a store restarting (SeaweedFS came back in 0.8-5.3 s): with 0.25 s doubling, a read in flight when
+#: the store went away gave up 3.7 s later, before the store was back.
 REMOTE_ATTEMPTS = 4
-REMOTE_RETRY_WAIT_S = 0.25
+REMOTE_RETRY_WAIT_S = 1.0
 #: The time one open or read of a remote file may take, all its attempts (and the store client's own retries within
 #: them) together: no attempt begins once it is spent. A URI's query or a registration may say another
 #: (``timeout_s``: :func:`remote_timeout_s`); the S3 and GCS clients infeed builds take
@@ -108,8 +110,8 @@ def s3_timeouts(timeout_s: float, sdk_attempts: int | None = None) -> tuple[floa
     for a byte (the SDK's request timeout: on Linux, curl's "less than 1 byte/s for that many whole seconds"). Each
     at least 1 s: a smaller budget is then kept by infeed's attempts alone, which stop once it is spent.
 
-    >>> [round(t, 2) for t in s3_timeouts(60)]      # with REMOTE_ATTEMPTS 4, 0.25 s apart and doubling
-    [1.28, 2.57]
+    >>> [round(t, 2) for t in s3_timeouts(60)]      # with REMOTE_ATTEMPTS 4, 1 s apart and doubling
+    [1.14, 2.28]
     """
     sdk_attempts = max(1, int(S3_SDK_ATTEMPTS if sdk_attempts is None else sdk_attempts))
     back_off = sum(min(2.0 ** k, 20.0) for k in range(sdk_attempts - 1))

@@ -190,7 +190,9 @@ def test_an_s3_query_option_pyarrow_does_not_take_is_a_config_error_naming_the_u
 
 def test_the_server_killed_and_restarted_mid_epoch_loses_and_repeats_no_record(store, folder):
     """Indexed reads fetch each batch's records when the batch is built: with two slots, most of the epoch is read
-    after the kill. The reads retry (pyarrow's client, then infeed's REMOTE_ATTEMPTS) until the server is back."""
+    after the kill. The reads retry (pyarrow's client, then infeed's REMOTE_ATTEMPTS, waiting 1, 2, 4 s) until the
+    server is back: SeaweedFS takes 0.8-5.3 s to restart, which outlasted the 0.25 s waits of before (a CI failure,
+    "gave up after 4 attempts in 3.7 s")."""
     records = [infeed.encode_example({"x": [float(i)] * 3, "label": [i]}) for i in range(400)]
     paths = write_shards(folder, count=2, records=records)
     assert main(["index", *paths]) == 0
