@@ -1,9 +1,12 @@
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # Multi-device code runs on 8 CPU "devices"; XLA reads this when JAX first starts, so set it before any import.
@@ -14,6 +17,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # xdist workers already take a CPU each, and an OpenBLAS pool of a thread per CPU in each process costs about
 # 0.15 CPU-seconds at start-up alone. The daemon's workers default to it anyway (WORKER_THREAD_DEFAULTS).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# One persistent XLA cache for the run, made by the first process (pytest, or xdist's controller, before it starts
+# its workers, which inherit it) and removed by it at the end: the suite compiles the same small programs in many
+# tests (an estimator's loop, evaluation and export), and a program compiled once is read back in the others
+# (about a fifth of the estimator tests' CPU time). Every program is kept, however quick to compile (JAX's floor is
+# 1 s). The tests of the cache itself clear it first (the ``jax_cache_settings`` fixture, fresh processes).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    SUITE_XLA_CACHE = tempfile.mkdtemp(prefix="infeed-suite-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = SUITE_XLA_CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    atexit.register(shutil.rmtree, SUITE_XLA_CACHE, ignore_errors=True)
 
 import pytest
 
@@ -124,7 +137,8 @@ def jax_cache_settings():
     names = ("jax_compilation_cache_dir", "jax_enable_compilation_cache", "jax_persistent_cache_min_compile_time_secs",
              "jax_persistent_cache_min_entry_size_bytes")
     saved = {name: getattr(jax.config, name) for name in names}
-    assert saved["jax_compilation_cache_dir"] is None, "the test process must start without a persistent cache"
+    jax.config.update("jax_compilation_cache_dir", None)          # the suite's own (above): the test starts without
+    compilation_cache.reset_cache()
     yield
     for name, value in saved.items():
         jax.config.update(name, value)

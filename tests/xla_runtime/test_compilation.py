@@ -57,7 +57,7 @@ def test_a_second_directory_in_the_same_process_is_refused_and_the_same_one_is_n
     assert xr.compilation_cache_dir() == str(tmp_path / "a") and not (tmp_path / "b").exists()
 
 
-def test_compile_watch_counts_programs_and_their_seconds_while_open():
+def test_compile_watch_counts_programs_and_their_seconds_while_open(jax_cache_settings):      # with no cache
     with xr.CompileWatch() as watch:
         jax.block_until_ready(jax.jit(lambda x: jnp.sin(x) * 7)(jnp.arange(6.0)))
     assert watch.programs >= 1 and watch.compile_seconds > 0 and watch.trace_seconds > 0
