@@ -133,7 +133,10 @@ def test_a_daemon_reports_every_stage(data, compression):
     assert taken == 40 and s.taken == 40 and 1 <= len(s.workers) <= 2      # batches go to whichever worker is free
     assert sum(w.records for w in s.workers) == 2000 and sum(w.batches for w in s.workers) == 40
     size = os.path.getsize(data[compression])
-    for w in s.workers:
+    # A worker that started after the other had dealt itself every batch made none, and counted nothing (seen with
+    # three test processes on two cores); the stages of each that made any:
+    assert any(w.batches for w in s.workers) and all(w.records == 0 for w in s.workers if not w.batches)
+    for w in (w for w in s.workers if w.batches):
         assert w.stages["decode"] > 0 and w.stages["read"] > 0 and w.stages["crc"] > 0
         assert sum(w.stages.values()) == pytest.approx(w.elapsed_s, rel=0.05)
         # Each worker reads the whole file (the framing of the other's batches too) and checks its own records.
