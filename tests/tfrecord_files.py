@@ -14,3 +14,23 @@ def write_records(path, records=SAMPLE_RECORDS, compression=None):
         for r in records:
             w.write(r)
     return path
+
+
+def tfrecord2idx(data_path, index_path):
+    """Writes the text index of ``data_path`` to ``index_path`` as DALI's tools/tfrecord2idx and ``python -m
+    tfrecord.tools.tfrecord2idx`` do (their loop, as they have it): for each record, its offset and its whole
+    length, framing included, one record a line. Returns ``index_path`` as a str."""
+    import struct
+
+    with open(data_path, "rb") as f, open(index_path, "w") as idx:
+        while True:
+            current = f.tell()
+            byte_len = f.read(8)
+            if len(byte_len) == 0:
+                break
+            f.read(4)
+            proto_len = struct.unpack("q", byte_len)[0]
+            f.read(proto_len)
+            f.read(4)
+            idx.write(str(current) + " " + str(f.tell() - current) + "\n")
+    return str(index_path)

@@ -35,6 +35,7 @@ from infeed.tfrecord.names import path_str, split_query, with_suffix
 from infeed.tfrecord.filesystems import filesystem_for
 from infeed.tfrecord.reader import (_EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, open_input, open_output,
                                     open_random_access, read_records)
+from infeed.tfrecord.text_index import TEXT_INDEX_SUFFIXES, looks_like_text_index, parse_text_index, text_index_limit
 
 __all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "IndexedRun", "RecordIndex", "build_index", "check_versions",
            "index_path", "indexed_runs", "is_index_file", "load_index", "open_indexed", "read_indexed", "unframe_runs",
@@ -80,8 +81,9 @@ def index_path(path) -> str:
 
 
 def is_index_file(path) -> bool:
-    """Whether ``path`` (a local path or a URI, its query aside) names a sidecar index rather than data."""
-    return split_query(path_str(path))[0].endswith(INDEX_SUFFIX)
+    """Whether ``path`` (a local path or a URI, its query aside) names an index rather than data: infeed's
+    sidecar, or tfrecord2idx's ``.idx`` or ``.tfindex``."""
+    return split_query(path_str(path))[0].endswith((INDEX_SUFFIX, *TEXT_INDEX_SUFFIXES))
 
 
 def build_index(path) -> RecordIndex:
@@ -176,7 +178,9 @@ def _remove(path: str) -> None:
 def load_index(path, index_file=None, data_size: int | None = None) -> RecordIndex | None:
     """The index of the data file ``path`` read from its sidecar (or from ``index_file``, an index kept
     elsewhere: :mod:`infeed.tfrecord.index_cache`), or None when there is none. ``data_size``: the data
-    file's size where the caller has just looked it up (else it is looked up here).
+    file's size where the caller has just looked it up (else it is looked up here). Either file may be a
+    tfrecord2idx text index (DALI's, the tfrecord package's: :mod:`infeed.tfrecord.text_index`), read as a
+    version-1 sidecar (no record CRCs).
 
     Raises :class:`~infeed.errors.IndexFileError` when the index is damaged, does not fit
     together, or was built for a different size of the data file (stale).
@@ -189,6 +193,11 @@ def load_index(path, index_file=None, data_size: int | None = None) -> RecordInd
         return None
     with stream:
         raw = stream.read(_HEADER.size)
+        if raw[:len(MAGIC)] != MAGIC and looks_like_text_index(raw):       # tfrecord2idx's (DALI, tfrecord)
+            size = _data_size(path, data_size)
+            text = raw + stream.read(text_index_limit(size) + 1 - len(raw))
+            offsets, lengths = parse_text_index(text, size, sidecar)
+            return RecordIndex(path, size, offsets, lengths)
         if len(raw) < _HEADER.size:
             raise IndexFileError(sidecar, f"truncated header: {len(raw)} of {_HEADER.size} bytes")
         magic, version, flags, file_size, count, crc = _HEADER.unpack(raw)
@@ -212,13 +221,18 @@ def load_index(path, index_file=None, data_size: int | None = None) -> RecordInd
         lengths = _lengths(offsets, file_size)
     except ValueError as e:
         raise IndexFileError(sidecar, str(e)) from None
-    size = data_size
-    if size is None:
-        stream, size = open_input(path)
-        stream.close()
+    size = _data_size(path, data_size)
     if size != file_size:
         raise IndexFileError(sidecar, f"stale: built for {file_size} bytes of {path}, which now has {size}")
     return RecordIndex(path, file_size, offsets.astype(np.int64), lengths, crcs)
+
+
+def _data_size(path: str, known: int | None) -> int:
+    if known is not None:
+        return known
+    stream, size = open_input(path)
+    stream.close()
+    return size
 
 
 def _lengths(offsets: np.ndarray, file_size: int) -> np.ndarray:
@@ -313,9 +327,9 @@ def open_indexed(path, index: RecordIndex):
         raise IndexFileError(index_path(path), f"stale: built for {index.file_size} bytes of {path}, "
                                                f"which now has {size}")
     if index.data_crcs is None:
-        _log.warning("%s: its index is version 1, with no record CRCs: the file is looked up again after each "
-                     "batch's reads to see it unchanged; `infeed index` writes version 2, which checks each record "
-                     "instead", path)
+        _log.warning("%s: its index has no record CRCs (a version-1 sidecar, or a tfrecord2idx text index): the "
+                     "file is looked up again after each batch's reads to see it unchanged; `infeed index` writes "
+                     "version 2, which checks each record instead", path)
     return handle
 
 

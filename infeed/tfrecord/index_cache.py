@@ -12,7 +12,9 @@ whole one.
 
 The directory: the ``index_dir`` a :class:`~infeed.Dataset` or ``infeed index --output-dir`` is given, else
 ``$INFEED_INDEX_DIR``, else ``$XDG_CACHE_HOME/infeed/indexes`` (``~/.cache/infeed/indexes``). A sidecar beside
-the data file comes first (:func:`find_index`).
+the data file comes first (:func:`find_index`). The directory may also hold tfrecord2idx's text indexes (DALI's,
+the tfrecord package's: :mod:`infeed.tfrecord.text_index`) named after their data files, ``NAME.idx`` or
+``NAME.tfindex``, as DALI's ``idx_files/`` folders do.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import os
 
 from infeed.errors import IndexFileError
 from infeed.tfrecord.index import INDEX_SUFFIX, RecordIndex, load_index, write_index
-from infeed.tfrecord.names import path_str
+from infeed.tfrecord.names import path_str, split_query
+from infeed.tfrecord.text_index import TEXT_INDEX_SUFFIXES
 from infeed.tfrecord.reader import _is_uri, remote_file_info
 
 __all__ = ["INDEX_DIR_ENV", "cached_index_path", "data_identity", "default_index_dir", "find_index",
@@ -87,10 +90,29 @@ def write_cached_index(index: RecordIndex, index_dir, identity: tuple[str, int, 
 
 
 def find_index(path, index_dir=None) -> RecordIndex | None:
-    """The index of ``path``: its sidecar first, else its entry in ``index_dir`` (None: :func:`default_index_dir`;
-    False: sidecars only), else None. A damaged or stale sidecar or entry raises
-    :class:`~infeed.errors.IndexFileError`."""
+    """The index of ``path``: its sidecar first (``FILE.index``; beside a local file, tfrecord2idx's ``FILE.idx``
+    or ``FILE.tfindex`` next), else in ``index_dir`` (None: :func:`default_index_dir`; False: sidecars only) its
+    entry, or a tfrecord2idx index named after the file (``NAME.idx``, ``NAME.tfindex``: DALI's ``idx_files/``
+    layout), else None. A damaged or stale index raises :class:`~infeed.errors.IndexFileError`; one named after
+    another file of the same name is stale (its records do not tile this file), or at worst a
+    ``CorruptRecordError`` at the first record read through it, never another file's records."""
+    path = path_str(path)
     index = load_index(path)
+    if index is None and not _is_uri(path):          # beside a bucket's objects: a round trip each, not looked for
+        index = _first_found(path, [path + suffix for suffix in TEXT_INDEX_SUFFIXES])
     if index is not None or index_dir is False:
         return index
-    return load_cached_index(path, default_index_dir() if index_dir is None else index_dir)
+    index_dir = default_index_dir() if index_dir is None else os.fspath(index_dir)
+    index = load_cached_index(path, index_dir)
+    if index is None:
+        name = os.path.basename(split_query(path)[0].rstrip("/"))
+        index = _first_found(path, [os.path.join(index_dir, name + suffix) for suffix in TEXT_INDEX_SUFFIXES])
+    return index
+
+
+def _first_found(path: str, candidates) -> RecordIndex | None:
+    """The index of ``path`` from the first of the local files ``candidates`` that exists, or None."""
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return load_index(path, index_file=candidate)
+    return None

@@ -3,8 +3,8 @@
 Each case rewrites a local file in place with records of the same sizes and other values (every CRC of the new
 file valid), as a replaced object of the same layout would be, and reads it through every path that goes
 through an index: the daemon's global shuffle, its shuffle buffer over indexed files, a resume from its state,
-the Grain source (sidecar or built in memory), and a version-1 sidecar, which pins only the file's size and
-modification time. The error reaches the trainer as itself, with its attributes. The same on S3 and GCS servers:
+the Grain source (sidecar or built in memory), and a version-1 sidecar or a tfrecord2idx text index, which pin
+only the file's size and modification time. The error reaches the trainer as itself, with its attributes. The same on S3 and GCS servers:
 tests/object_stores/test_infeed_on_object_stores.py."""
 
 import os
@@ -14,7 +14,8 @@ import pytest
 
 import infeed
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import build_index, load_index, open_indexed, write_index
+from infeed.tfrecord.index import build_index, index_path, load_index, open_indexed, write_index
+from tfrecord_files import tfrecord2idx
 
 SPEC = {"x": infeed.FixedLen((2,), "float32"), "label": infeed.FixedLen((), "int64")}
 COUNT, BATCH = 400, 8
@@ -84,8 +85,12 @@ def test_a_resume_through_an_index_after_the_file_was_rewritten_raises_before_an
     assert len(got) == 0 and error.path == indexed
 
 
-def test_a_version_1_index_pins_the_file_at_open_and_finds_it_rewritten_after_a_batch(indexed):
-    write_index(load_index(indexed)._replace(data_crcs=None))
+@pytest.mark.parametrize("kind", ["version 1", "tfrecord2idx"])
+def test_an_index_without_crcs_pins_the_file_at_open_and_finds_it_rewritten_after_a_batch(indexed, kind):
+    if kind == "version 1":
+        write_index(load_index(indexed)._replace(data_crcs=None))
+    else:                                     # DALI's and the tfrecord package's text index, as the sidecar
+        tfrecord2idx(indexed, index_path(indexed))
     assert load_index(indexed).data_crcs is None
     ds = infeed.Dataset(indexed, SPEC, batch_size=BATCH, shuffle="global", seed=3)
     got, error = read_until_changed(ds, 3, indexed)
