@@ -34,3 +34,17 @@ def tfrecord2idx(data_path, index_path):
             f.read(4)
             idx.write(str(current) + " " + str(f.tell() - current) + "\n")
     return str(index_path)
+
+
+def write_example_shards(folder, names, examples_of):
+    """Writes ``folder/NAME`` for each of ``names`` (the folder made), holding the examples ``examples_of(k)``
+    gives for the k-th ({feature: values}, encoded by infeed); returns the paths as strs."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for k, name in enumerate(names):
+        path = os.path.join(os.fspath(folder), name)
+        with infeed.TFRecordWriter(path) as w:
+            for example in examples_of(k):
+                w.write(infeed.encode_example(example))
+        paths.append(path)
+    return paths

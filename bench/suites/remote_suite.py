@@ -120,11 +120,13 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     timed = [w for w in workers if w not in refused]
     cases = {}
     for w in timed:
-        cases[local_name(w)] = DaemonCase(local_name(w), infeed.Dataset(ds.path, spec, batch_size=b, num_epochs=1), w)
+        # The streamed path, for every source (build_indexes="auto" would index the bucket's object for W >= 2).
+        local = infeed.Dataset(ds.path, spec, batch_size=b, num_epochs=1, build_indexes=False)
+        cases[local_name(w)] = DaemonCase(local_name(w), local, w)
         for case_name, variables in ((server_name(w), direct), (proxy_name(w), through_plain),
                                      (latency_name(w), through_proxy)):
             with environment(variables):          # the Dataset looks its file up
-                dataset = infeed.Dataset(uri, spec, batch_size=b, num_epochs=1)
+                dataset = infeed.Dataset(uri, spec, batch_size=b, num_epochs=1, build_indexes=False)
             cases[case_name] = EnvironmentCase(case_name, dataset, w, variables=variables)
     log(f"remote: timing {name} ({repeats} runs per case; {len(cases)} cases) ...")
     settle_allocator()

@@ -138,6 +138,7 @@ class Daemon(Feed):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, got {slots!r}")
         start = start_of(dataset, state)
+        dataset.build_missing_indexes(num_workers)      # before the first epoch: each file read once, here
         if dataset.shuffle == "global":
             dataset.indexes()                   # every file has a usable index, or a clear error now
         slots = max(slots, num_workers)

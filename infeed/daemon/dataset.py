@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 
@@ -48,10 +49,19 @@ from infeed.daemon.transforms import check_outputs, outputs_to_json
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import Padded, spec_from_json, spec_to_json
 from infeed.tfrecord.files import expand_files
+from infeed.tfrecord.index import compression_of
+from infeed.tfrecord.index_build import BuildResult, build_indexes
 from infeed.tfrecord.index_cache import default_index_dir, find_index
 from infeed.tfrecord.reader import COMPRESSIONS, MAX_RECORD_SIZE, read_records
 
 __all__ = ["Dataset", "PADDING_KEY"]
+
+_log = logging.getLogger("infeed")
+
+#: With ``build_indexes="auto"``, the workers from which a Daemon over local files builds their missing indexes:
+#: on the 16-CPU host (docs/bench/h100-host) streamed reading peaked at W=4 on ImageNet-sized records (1.7x, 6.1x
+#: indexed at W=15), and on 2 cores the indexed path was 0.71-0.80x of the streamed one at W=1.
+LOCAL_BUILD_WORKERS = 4
 
 #: The bool ``[B]`` array of a batch with ``final_batch="pad"`` or ``skip_corrupt``: True on padding rows.
 PADDING_KEY = "is_padding"
@@ -102,6 +112,12 @@ class Dataset:
     ``infeed index`` sidecar (``infeed index --output-dir``: for files in read-only places); None: the
     default (``$INFEED_INDEX_DIR``, else ``$XDG_CACHE_HOME/infeed/indexes``; :mod:`infeed.tfrecord.index_cache`),
     False: sidecars only. A sidecar comes first. It changes no batch, only how the records are reached.
+    ``build_indexes``: whether a :class:`~infeed.Daemon` over uncompressed files without an index builds their
+    indexes into :attr:`index_dir` before its first epoch (:meth:`build_missing_indexes`; each file read once),
+    so its workers read only their own batches: ``"auto"`` (the default) where that saves reads (a global
+    shuffle; ``s3://`` objects with 2 workers or more and no ``shuffle_buffer``, each worker of which would
+    stream every object; local files from LOCAL_BUILD_WORKERS workers on), True always, False never: the
+    workers stream (each reads every record), as with compressed files.
     """
 
     def __init__(self, files: str | os.PathLike | Sequence, features: Mapping, batch_size: int, *,
@@ -111,7 +127,7 @@ class Dataset:
                  compression: str | None = "auto", skip_corrupt: bool = False,
                  labels: str | Sequence[str] | None = None, max_record_size: int = MAX_RECORD_SIZE,
                  transform=None, batch_transform=None, outputs: Mapping | None = None,
-                 index_dir: str | os.PathLike | bool | None = None):
+                 index_dir: str | os.PathLike | bool | None = None, build_indexes: bool | str = "auto"):
         self.paths = tuple(files) if isinstance(files, _Matched) else tuple(expand_files(files))
         self._file_numbers = {path: i for i, path in enumerate(self.paths)}
         self.features = dict(features)
@@ -166,6 +182,9 @@ class Dataset:
         #: Where indexes apart from the data are looked for: an absolute path, None (the default directory of
         #: the process that looks: a config read on another host looks in that host's), or False.
         self.index_dir = index_dir if index_dir is None or index_dir is False else os.path.abspath(os.fspath(index_dir))
+        if not (build_indexes is True or build_indexes is False or build_indexes == "auto"):
+            raise ValueError(f"build_indexes must be 'auto', True or False, got {build_indexes!r:.80}")
+        self.build_indexes = build_indexes
 
     # --- derived ------------------------------------------------------------------------------
     @property
@@ -204,6 +223,51 @@ class Dataset:
                 return None
             found[path] = index
         return found
+
+    def build_missing_indexes(self, num_workers: int = 1) -> BuildResult | None:
+        """Builds the index of each of this host's files that has none (:func:`infeed.tfrecord.index_build.build_indexes`,
+        into :attr:`index_dir`), where every file is uncompressed and ``build_indexes`` asks for it for
+        ``num_workers`` workers (and ``index_dir`` is not False); logs once that compressed files stream. Returns
+        what was built, or None where nothing was."""
+        if self.build_indexes is False or self.index_dir is False:
+            return None
+        if self.build_indexes == "auto" and not self._indexes_pay(num_workers):
+            return None
+        missing = [path for path in self.shard_paths() if find_index(path, self.index_dir) is None]
+        if not missing:
+            return None
+        compressed = [path for path in missing if self._compression(path) is not None]
+        if compressed:
+            _log.info("infeed: %d of the %d files are compressed (%s): no random access in them, so the workers "
+                      "stream every file, each reading every record", len(compressed), len(self.shard_paths()),
+                      compressed[0] if len(compressed) == 1 else f"{compressed[0]} ...")
+            return None
+        return build_indexes(missing, self.index_dir or default_index_dir())
+
+    def _indexes_pay(self, num_workers: int) -> bool:
+        """Whether, with ``build_indexes="auto"``, building this host's missing indexes saves reads: a global
+        shuffle needs them; without them each of several workers streams every object behind a URI (W times
+        the egress); local files stream from the page cache, where one worker's reads cost little and the
+        indexed path's per-batch work made W=1 and W=2 slower on 2 cores (docs/diagnostics.md), so from
+        LOCAL_BUILD_WORKERS on."""
+        if self.shuffle == "global":
+            return True
+        if num_workers < 2:
+            return False
+        paths = self.shard_paths()
+        if not any("://" in path for path in paths):
+            return num_workers >= LOCAL_BUILD_WORKERS
+        # A bucket's objects, where reads by offset were measured to cost less than W streams (an S3 server
+        # behind a relay counting bytes, tests/object_stores): S3, where a batch's records are read with one
+        # request where they follow each other in the file (no shuffle buffer: with one, a request each, 836
+        # requests for 800 records of 58 bytes, 9x the data's bytes in the response heads alone). Not gs://:
+        # pyarrow's GCS reads by offset brought 2.7-3.1x the data per epoch at W=2 and 3, more than streaming.
+        return self.shuffle_buffer == 0 and all(path.startswith("s3://") for path in paths)
+
+    def _compression(self, path: str) -> str | None:
+        if self.compression in (None, ""):
+            return None
+        return self.compression if self.compression != "auto" else compression_of(path)
 
     def count_records(self) -> int:
         """The records of one epoch of this host's shard, from ``infeed index`` sidecars where every
@@ -269,7 +333,7 @@ class Dataset:
         their names and outputs, when there are any."""
         doc = self.to_json()
         del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"], doc["max_record_size"]
-        del doc["index_dir"]
+        del doc["index_dir"], doc["build_indexes"]
         for name in _TRANSFORM_SETTINGS:
             if doc[name] is None:
                 del doc[name]
@@ -289,7 +353,7 @@ class Dataset:
                 "transform": None if self.transform is None else self.transform.name,
                 "batch_transform": None if self.batch_transform is None else self.batch_transform.name,
                 "outputs": None if self.outputs is None else outputs_to_json(self.outputs),
-                "index_dir": self.index_dir}
+                "index_dir": self.index_dir, "build_indexes": self.build_indexes}
 
     @classmethod
     def from_json(cls, doc: Mapping, *, matched: bool = False) -> "Dataset":

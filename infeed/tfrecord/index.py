@@ -38,6 +38,7 @@ from infeed.tfrecord.reader import (_EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, 
 from infeed.tfrecord.text_index import TEXT_INDEX_SUFFIXES, looks_like_text_index, parse_text_index, text_index_limit
 
 __all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "IndexedRun", "RecordIndex", "build_index", "check_versions",
+           "compression_of",
            "index_path", "indexed_runs", "is_index_file", "load_index", "open_indexed", "read_indexed", "unframe_runs",
            "write_index"]
 
@@ -106,12 +107,22 @@ def build_index(path) -> RecordIndex:
                        np.array(crcs, np.uint32))
 
 
-def _refuse_compressed(path: str) -> None:
-    compression = _EXTENSIONS.get(os.path.splitext(path.rstrip("/"))[1].lower())
+def compression_of(path) -> str | None:
+    """``"GZIP"`` or ``"ZLIB"`` where the file ``path`` is compressed (told by its extension, else by its first
+    bytes: one small read, a range request for a URI, not a stream that reads ahead), else None."""
+    path = path_str(path)
+    compression = _EXTENSIONS.get(os.path.splitext(split_query(path)[0].rstrip("/"))[1].lower())
     if compression is None:
-        stream, _ = open_input(path)
-        with stream:
-            compression = _sniff(stream.read(_SNIFF_BYTES))
+        handle = open_random_access(path)
+        try:
+            compression = _sniff(handle.read_at(0, _SNIFF_BYTES))
+        finally:
+            handle.close()
+    return compression
+
+
+def _refuse_compressed(path: str) -> None:
+    compression = compression_of(path)
     if compression is not None:
         raise ValueError(f"{path}: cannot index a {compression}-compressed file: offsets in a compressed "
                          "stream give no random access (index an uncompressed copy)")

@@ -334,8 +334,8 @@ def test_global_shuffle_is_a_seeded_permutation_whatever_the_workers(indexed):
 
 
 def test_global_shuffle_without_an_index_or_with_a_stale_one_is_refused(files, indexed):
-    with pytest.raises(ValueError, match="infeed index"):
-        Daemon(Dataset(files, SPEC, batch_size=10, shuffle="global"))
+    with pytest.raises(ValueError, match="infeed index"):           # by default the index is built for it instead
+        Daemon(Dataset(files, SPEC, batch_size=10, shuffle="global", build_indexes=False))
     with open(indexed[1], "ab") as f:
         f.write(open(files[0], "rb").read()[:100])
     with pytest.raises(infeed.errors.IndexFileError, match="stale|size"):

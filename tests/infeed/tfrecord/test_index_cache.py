@@ -15,22 +15,15 @@ from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.index import build_index, load_index, write_index
 from infeed.tfrecord.index_cache import (INDEX_DIR_ENV, cached_index_path, data_identity, default_index_dir,
                                          find_index, load_cached_index, write_cached_index)
+from tfrecord_files import write_example_shards
 
 SPEC = {"id": FixedLen((), "int64")}
 
 
 @pytest.fixture
 def shards(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    paths = []
-    for s in range(2):
-        path = str(data / f"train-{s:05d}-of-00002")
-        with infeed.TFRecordWriter(path) as w:
-            for i in range(12):
-                w.write(infeed.encode_example({"id": [12 * s + i]}))
-        paths.append(path)
-    return paths
+    return write_example_shards(tmp_path / "data", [f"train-{s:05d}-of-00002" for s in range(2)],
+                                lambda s: ({"id": [12 * s + i]} for i in range(12)))
 
 
 def test_the_cli_keeps_indexes_in_the_output_dir_and_nothing_beside_the_data(tmp_path, shards, capsys):

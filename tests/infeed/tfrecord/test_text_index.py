@@ -14,23 +14,16 @@ from infeed.errors import IndexFileError
 from infeed.tfrecord.index import build_index, is_index_file, load_index, write_index
 from infeed.tfrecord.index_cache import find_index
 from infeed.tfrecord.text_index import text_index_limit
-from tfrecord_files import tfrecord2idx
+from tfrecord_files import tfrecord2idx, write_example_shards
 
 SPEC = {"id": FixedLen((), "int64")}
 
 
 @pytest.fixture
 def shards(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    paths = []
-    for s in range(2):
-        path = str(data / f"train-{s:05d}-of-00002")
-        with infeed.TFRecordWriter(path) as w:
-            for i in range(10 + s):                     # records of several sizes: 10 and 11 of them
-                w.write(infeed.encode_example({"id": [100 * s + i], "pad": b"x" * (7 * i)}))
-        paths.append(path)
-    return paths
+    """10 and 11 records of several sizes."""
+    return write_example_shards(tmp_path / "data", [f"train-{s:05d}-of-00002" for s in range(2)],
+                                lambda s: ({"id": [100 * s + i], "pad": b"x" * (7 * i)} for i in range(10 + s)))
 
 
 def _ids(ds, workers=2):
