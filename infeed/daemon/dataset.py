@@ -49,8 +49,7 @@ from infeed.daemon.transforms import check_outputs, outputs_to_json
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import Padded, spec_from_json, spec_to_json
 from infeed.tfrecord.files import expand_files
-from infeed.tfrecord.index import compression_of
-from infeed.tfrecord.index_build import BuildResult, build_indexes
+from infeed.tfrecord.index_build import BuildResult, build_indexes, compressed_files
 from infeed.tfrecord.index_cache import default_index_dir, find_index
 from infeed.tfrecord.reader import COMPRESSIONS, MAX_RECORD_SIZE, read_records
 
@@ -236,7 +235,7 @@ class Dataset:
         missing = [path for path in self.shard_paths() if find_index(path, self.index_dir) is None]
         if not missing:
             return None
-        compressed = [path for path in missing if self._compression(path) is not None]
+        compressed = compressed_files(missing, self.compression)
         if compressed:
             _log.info("infeed: %d of the %d files are compressed (%s): no random access in them, so the workers "
                       "stream every file, each reading every record", len(compressed), len(self.shard_paths()),
@@ -263,11 +262,6 @@ class Dataset:
         # requests for 800 records of 58 bytes, 9x the data's bytes in the response heads alone). Not gs://:
         # pyarrow's GCS reads by offset brought 2.7-3.1x the data per epoch at W=2 and 3, more than streaming.
         return self.shuffle_buffer == 0 and all(path.startswith("s3://") for path in paths)
-
-    def _compression(self, path: str) -> str | None:
-        if self.compression in (None, ""):
-            return None
-        return self.compression if self.compression != "auto" else compression_of(path)
 
     def count_records(self) -> int:
         """The records of one epoch of this host's shard, from ``infeed index`` sidecars where every

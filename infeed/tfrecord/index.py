@@ -94,6 +94,12 @@ def build_index(path) -> RecordIndex:
     """
     path = path_str(path)
     _refuse_compressed(path)
+    return _index_uncompressed(path)
+
+
+def _index_uncompressed(path: str) -> RecordIndex:
+    """:func:`build_index` for a file already known to be uncompressed (a compressed one is a
+    ``CorruptRecordError`` at offset 0)."""
     offsets, lengths, crcs = [], [], []
     masked_crc32c = _tfrecord.masked_crc32c
     with read_records(path, compression=None) as reader:

@@ -2,8 +2,10 @@
 (:mod:`infeed.tfrecord.index_cache`) before the first epoch, so that workers read only their own batches.
 
 Each file is read once, front to back (for a bucket, one streamed read of each object), on up to
-``BUILD_THREADS`` threads at once: a remote file's reads wait on the store, and a local file's CRCs and framing
-run in the reader's C code. Each index is written to the directory as soon as it is built (atomically: a
+``BUILD_THREADS`` threads at once: a remote file's reads wait on the store. On local files in the page cache
+the build is bound by its Python work per record (a record object and a CRC call each): large records gain
+from a second thread (110 KB records: 2.2 GB/s with one, 3.7 GB/s with two on 2 cores), small ones do not
+(200 bytes: 1.5 M records/s with one, 0.9 M/s with two, contending for the GIL). Each index is written to the directory as soon as it is built (atomically: a
 process or host building the same entry at once leaves one whole entry), so a build cut short keeps the
 files it finished. Where the directory cannot be written (read-only, full, not a directory) the build
 stops at the first failure with one warning saying why, and the files without an index stream.
@@ -21,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Sequence
 
 from infeed.errors import IndexFileError, InfeedError
-from infeed.tfrecord.index import build_index
+from infeed.tfrecord.index import _index_uncompressed, compression_of
 from infeed.tfrecord.index_cache import data_identity, write_cached_index
 
-__all__ = ["BUILD_THREADS", "PROGRESS_EVERY_S", "BuildResult", "build_indexes"]
+__all__ = ["BUILD_THREADS", "PROGRESS_EVERY_S", "BuildResult", "build_indexes", "compressed_files"]
 
 #: The most files indexed at once.
 BUILD_THREADS = 8
@@ -44,8 +46,20 @@ class BuildResult(NamedTuple):
     failure: str | None
 
 
+def compressed_files(paths: Sequence[str], compression: str | None = "auto",
+                     threads: int = BUILD_THREADS) -> list[str]:
+    """Those of ``paths`` that are compressed: all or none where ``compression`` names it (``"GZIP"``, ``"ZLIB"``;
+    None or ``""``: none), else each told by its extension or its first bytes (a small read each, up to
+    ``threads`` at once: for a bucket's extensionless shards, a round trip each)."""
+    if compression != "auto":
+        return list(paths) if compression else []
+    with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
+        return [path for path, kind in zip(paths, pool.map(compression_of, paths)) if kind is not None]
+
+
 def build_indexes(paths: Sequence[str], index_dir: str, threads: int = BUILD_THREADS) -> BuildResult:
-    """Builds the index of each of ``paths`` (uncompressed TFRecord files) and keeps it in ``index_dir``; logs one
+    """Builds the index of each of ``paths`` (uncompressed TFRecord files: :func:`compressed_files` tells the
+    others, which would be left to stream as damaged) and keeps it in ``index_dir``; logs one
     line at the end (files, records, bytes, time, rate), and how far it got every PROGRESS_EVERY_S. A file that
     cannot be read or indexed (damaged, gone, changed while it was read) is left out with a warning naming it and
     why: it streams, and a damaged one fails there as it would have; a directory that cannot be written ends the
@@ -62,7 +76,7 @@ def build_indexes(paths: Sequence[str], index_dir: str, threads: int = BUILD_THR
             return
         try:
             identity = data_identity(path)
-            index = build_index(path)
+            index = _index_uncompressed(path)
         except (InfeedError, OSError, ValueError) as e:     # damaged, unreadable: read as a stream, and fail there
             _log.warning("infeed: %s is not indexed, and streams: %s", path, e)
             return

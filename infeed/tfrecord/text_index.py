@@ -58,13 +58,14 @@ def parse_text_index(text: bytes, data_size: int, where: str) -> tuple[np.ndarra
     lines = text.splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
-    bad = next((i for i, line in enumerate(lines) if len(line.split()) != 2 or not _TEXT_BYTES.issuperset(line)),
-               None)
-    if bad is not None:
+    body = b"\n".join(lines)
+    tokens = body.split()                     # the lines' tokens: a line of other than two has the count off
+    if len(tokens) != 2 * len(lines) or not _TEXT_BYTES.issuperset(body):      # which line, only then
+        bad = next(i for i, line in enumerate(lines) if len(line.split()) != 2 or not _TEXT_BYTES.issuperset(line))
         raise IndexFileError(where, f"line {bad + 1} is {lines[bad][:60]!r}, not 'OFFSET LENGTH' "
                                     "(a tfrecord2idx text index)")
     try:
-        pairs = np.array(b" ".join(lines).split(), dtype=np.uint64).astype(np.int64).reshape(-1, 2)
+        pairs = np.array(tokens, dtype=np.uint64).astype(np.int64).reshape(-1, 2)
     except (ValueError, OverflowError):
         raise IndexFileError(where, "a number too large for a byte offset") from None
     offsets, whole = pairs[:, 0], pairs[:, 1]
