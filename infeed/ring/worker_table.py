@@ -9,15 +9,17 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
 from infeed.errors import InfeedError, WorkerDied
 from infeed.ring import locks
-from infeed.ring.layout import HEADER_WORDS, READER_FIELDS, WORKER, WORKER_FIELDS, WORKER_WORDS
+from infeed.ring.layout import HEADER_WORDS, MAX_CLAIMS, READER_FIELDS, WORKER, WORKER_FIELDS, WORKER_WORDS
 
 __all__ = ["CLAIMING", "WorkerTable"]
 
-_BEAT, _COUNTING, _BATCHES, _RECORDS, _BYTES, _SKIPPED, _CLAIM, _NEXT_CLAIM, _DECODE, _WAIT, _READERS = (
-    WORKER_FIELDS[f] for f in ("beat_ns", "counting", "batches", "records", "bytes", "skipped", "claim", "next_claim",
-                               "decode_ns", "wait_ns", READER_FIELDS[0]))
+_BEAT, _COUNTING, _BATCHES, _RECORDS, _BYTES, _SKIPPED, _DECODE, _WAIT, _READERS = (
+    WORKER_FIELDS[f] for f in ("beat_ns", "counting", "batches", "records", "bytes", "skipped", "decode_ns",
+                               "wait_ns", READER_FIELDS[0]))
 #: A worker's claim while it takes the next unit (a death then leaves it, not a unit, unaccounted).
 CLAIMING = -2
 #: Reads of an entry before :meth:`WorkerTable.workers` takes it as it is: a live worker updates its counters
@@ -32,32 +34,40 @@ class WorkerTable:
     lives) and ``_locked_workers`` (the entries this process registered)."""
 
     # the units a worker owes -------------------------------------------------------------------
-    def take_unit(self, index: int) -> int:
-        """Worker ``index`` takes the next unit nobody has taken (the ring's counter, atomically) and records
-        it among its claims (:meth:`worker_claims`), beside the one it still owes, if any."""
-        q, w = self._q, self._worker0 + WORKER_WORDS * index
-        field = _CLAIM if q[w + _CLAIM] == -1 else _NEXT_CLAIM
-        if q[w + field] != -1:
-            raise RuntimeError(f"worker {index} takes a third unit while it owes two")
-        q[w + field] = CLAIMING             # a death from here on is seen as owing the unit being taken
-        unit = self._map.fetch_add(8 * HEADER_WORDS["next_unit"], 1)
-        q[w + field] = unit
-        return unit
+    def take_unit(self, index: int, count: int = 1, ahead: bool = False) -> int | None:
+        """Worker ``index`` takes the next ``count`` units nobody has taken (the ring's counter, atomically) and
+        records them among its claims (:meth:`worker_claims`), beside those it still owes (at most
+        :data:`~infeed.ring.layout.MAX_CLAIMS` in all); returns the first.
+
+        ``ahead``: units to read ahead, not needed yet: None, nothing taken, where this worker took the units
+        before them and others may take these (so that takes ahead interleave, and no worker holds a run of
+        units the others wait behind: unit ``u``'s slot is free once unit ``u - slots`` is taken)."""
+        q, last = self._q, HEADER_WORDS["last_taker"]
+        if ahead and self.max_workers > 1 and q[last] == index + 1:
+            return None
+        claims = self._workers["claims"][index]         # a view of the entry: each store is one aligned word
+        free = np.flatnonzero(claims == -1)
+        if len(free) < count:
+            raise RuntimeError(f"worker {index} takes {count} units while it owes {MAX_CLAIMS - len(free)}: "
+                               f"{MAX_CLAIMS} at most")
+        entries = free[:count].tolist()
+        claims[entries[0]] = CLAIMING       # a death from here on is seen as owing the units being taken
+        first = self._map.fetch_add(8 * HEADER_WORDS["next_unit"], count)
+        q[last] = index + 1                 # after the take: a hint (two takers at once may both see the other)
+        for entry, unit in zip(reversed(entries), reversed(range(first, first + count))):
+            claims[entry] = unit            # the first entry last: CLAIMING until every unit is recorded
+        return first
 
     def drop_claim(self, index: int, unit: int) -> None:
-        """Worker ``index`` no longer owes ``unit`` (it published it): its next claim, if any, moves up."""
-        q, w = self._q, self._worker0 + WORKER_WORDS * index
-        if q[w + _CLAIM] == unit:
-            q[w + _CLAIM] = q[w + _NEXT_CLAIM]
-            q[w + _NEXT_CLAIM] = -1
-        elif q[w + _NEXT_CLAIM] == unit:
-            q[w + _NEXT_CLAIM] = -1
+        """Worker ``index`` no longer owes ``unit`` (it published it)."""
+        claims = self._workers["claims"][index]
+        claims[claims == unit] = -1
 
-    def worker_claims(self, index: int) -> tuple[int, int]:
-        """The units worker ``index`` has taken and not yet published, oldest first (-1: none;
-        :data:`CLAIMING` while it takes one)."""
-        w = self._worker0 + WORKER_WORDS * index
-        return int(self._q[w + _CLAIM]), int(self._q[w + _NEXT_CLAIM])
+    def worker_claims(self, index: int) -> tuple[int, ...]:
+        """The units worker ``index`` has taken and not yet published, oldest first, then :data:`CLAIMING`
+        while it takes one."""
+        entries = self._workers["claims"][index].tolist()
+        return tuple(sorted(u for u in entries if u >= 0)) + ((CLAIMING,) if CLAIMING in entries else ())
 
     # registration and liveness -----------------------------------------------------------------
     def register_worker(self, index: int) -> None:
@@ -76,7 +86,7 @@ class WorkerTable:
         w = self._workers[index]
         for name in WORKER.names:
             w[name] = 0
-        w["claim"] = w["next_claim"] = -1
+        w["claims"] = -1
         w["started_ns"] = w["beat_ns"] = time.monotonic_ns()
         w["pid"] = pid
 
@@ -93,6 +103,8 @@ class WorkerTable:
             entry = {"index": k, "pid": int(w["pid"]), "elapsed_s": (int(w["beat_ns"]) - int(w["started_ns"])) / 1e9,
                      "since_beat": (now - int(w["beat_ns"])) / 1e9}
             for name in WORKER.names[WORKER.names.index("batches"):]:
+                if name == "claims":
+                    continue                # worker_claims
                 value = int(w[name])
                 entry.update({name[:-3] + "_s": value / 1e9} if name.endswith("_ns") else {name: value})
             out.append(entry)

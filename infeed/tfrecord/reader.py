@@ -36,7 +36,7 @@ _EXTENSIONS = {".gz": "GZIP", ".gzip": "GZIP", ".zlib": "ZLIB", ".zz": "ZLIB"}
 #: process. Memory: READ_AHEAD_RANGES * READ_AHEAD_BYTES an open file, beside the reader's own buffer.
 READ_AHEAD_BYTES = 4 << 20
 READ_AHEAD_RANGES = 8
-READ_AHEAD_THREADS = 16
+READ_AHEAD_THREADS = 64
 
 #: OSErrors that no retry cures: raised at the first attempt.
 _PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)

@@ -45,8 +45,8 @@ def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_noth
                             str(out)]) == 0
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())["suites"]["remote"]
-    names = [name(w) for name in (suite.local_name, suite.server_name, suite.proxy_name, suite.latency_name)
-             for w in (1, 2)]
+    names = [name(w) for name in (suite.local_name, suite.server_name, suite.proxy_name, suite.latency_name,
+                                  suite.indexed_name, suite.indexed_latency_name) for w in (1, 2)]
     assert suite.latency_name(1) == "s3 + 25 ms W=1"
     assert suite.LAYOUTS == ("criteo", "imagenet") and doc["params"]["layouts"] == ["criteo"]
     layouts = ["criteo"]
@@ -56,11 +56,22 @@ def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_noth
     assert "refused" not in doc and all(
         f["batches"] >= STEADY_BATCHES_PER_WORKER * int(f["name"].rsplit("W=", 1)[1]) for f in doc["figures"])
     assert {(r["group"], r["name"], r["target"]) for r in doc["ratios"]} == {
-        (l, f"{suite.latency_name(w)} / {suite.proxy_name(w)}", suite.TARGET) for l in layouts for w in (1, 2)
+        (l, f"{num(w)} / {den(w)}", suite.TARGET) for l in layouts for w in (1, 2)
+        for num, den in ((suite.latency_name, suite.proxy_name), (suite.indexed_latency_name, suite.server_name))
     } | {(l, f"{num(w)} / {den(w)}", None) for l in layouts for w in (1, 2)
-         for num, den in ((suite.latency_name, suite.server_name), (suite.server_name, suite.local_name))}
+         for num, den in ((suite.latency_name, suite.server_name), (suite.server_name, suite.local_name),
+                          (suite.indexed_name, suite.server_name))}
     assert {(s["group"], s["name"]) for s in doc["stages"]} == {(l, n) for l in layouts for n in names}
     assert all("read" in s["worker_shares"] for s in doc["stages"])
     assert doc["params"]["proxy_requests_per_run"]["criteo"] > 0           # the proxy was used
+    # Bytes per epoch over the data's: streamed, each worker reads it all; a first epoch that builds the index,
+    # one read more than an indexed one; through the index, each record once (and a little of the requests' own).
+    per_epoch = doc["params"]["bytes_per_epoch"]["criteo"]
+    assert list(per_epoch) == [f"W={w}" for w in suite.BYTES_WORKERS]
+    for w in suite.BYTES_WORKERS:
+        got = per_epoch[f"W={w}"]
+        assert w - 0.05 <= got["streamed"] <= w + 0.1 and 1.9 <= got["built"] <= 2.1 and 0.95 <= got["indexed"] <= 1.1
+    assert all(rate > 0 for rate in doc["params"]["build_gb_per_s"]["criteo"].values())
+    assert "criteo: index build" in text and "bytes the store sent per epoch" in text
     assert "s3 + 25 ms W=2 / s3 + proxy W=2" in text and "Traceback" not in text
     assert _processes("weed mini") == servers_before and _processes("bench.peers.store_proxy") == proxies_before

@@ -543,8 +543,7 @@ def test_a_remote_file_is_read_in_ranges_requested_ahead_of_the_reader(monkeypat
     assert store.most_in_flight == reader.READ_AHEAD_RANGES       # ahead of the reader, and no further
 
 
-def test_a_remote_batchs_indexed_reads_are_in_flight_together_and_the_next_batch_is_started_early(monkeypatch,
-                                                                                                   tmp_path):
+def test_a_remote_batchs_indexed_reads_are_in_flight_together_and_adjacent_batches_share_one(monkeypatch, tmp_path):
     from infeed.daemon import plan
     from infeed.tfrecord.index import build_index
 
@@ -557,13 +556,19 @@ def test_a_remote_batchs_indexed_reads_are_in_flight_together_and_the_next_batch
     files = plan.IndexedFiles(["mock://bucket/f.tfrecord"], [index])
     order = [7, 3, 30, 12, 25, 0]                                  # six records, none adjacent: six reads
     try:
-        first = files.start(np.zeros(6, np.int64), np.array(order))
-        second = files.start(np.zeros(2, np.int64), np.array([20, 21]))        # adjacent: one read
-        assert [bytes(r) for r in files.finish(first)] == [records[k] for k in order]
-        assert [bytes(r) for r in files.finish(second)] == records[20:22]
+        first = files.start([(np.zeros(6, np.int64), np.array(order))])
+        second = files.start([(np.zeros(2, np.int64), np.array([20, 21]))])        # adjacent: one read
+        assert [bytes(r) for r in first.records(0)] == [records[k] for k in order]
+        assert [bytes(r) for r in second.records(0)] == records[20:22]
+        assert len(store.ranges) == 7 and store.most_in_flight > 1
+        # Three batches started together whose records follow each other in the file: one read, each batch's
+        # records apart.
+        group = files.start([(np.zeros(3, np.int64), np.arange(k, k + 3)) for k in (31, 34, 37)])
+        assert [[bytes(r) for r in group.records(j)] for j in range(3)] == [records[31:34], records[34:37],
+                                                                            records[37:40]]
+        assert len(store.ranges) == 8
     finally:
         files.close()
-    assert len(store.ranges) == 7 and store.most_in_flight > 1
 
 
 # --- the decoder ------------------------------------------------------------------------------------

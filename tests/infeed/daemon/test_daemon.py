@@ -299,7 +299,7 @@ def test_through_an_index_a_batch_is_one_read_and_a_damaged_record_is_named(inde
     monkeypatch.setattr(plan, "indexed_runs", counted)
     ds = Dataset(indexed, SPEC, batch_size=10, num_epochs=1)
     parser, ids = infeed.ExampleParser(SPEC), []
-    for planned in plan.epoch_batches(ds, 0, 0, lambda index: index % 2 == 0, ds.indexes()):   # a worker of 2
+    for planned in plan.epoch_batches(ds, 0, 0, lambda index, ahead=False: index % 2 == 0, ds.indexes()):  # a worker of 2
         if planned.fill is not None:
             out = parser.allocate(10)
             planned.fill(parser, out)

@@ -20,7 +20,7 @@ import infeed
 from infeed.example.spec import Bytes, FixedLen, Padded, VarLen
 from infeed.ring import Ring
 from infeed.ring import ring as ring_mod
-from infeed.ring.layout import ERROR_PAYLOAD, HEADER, layout_of
+from infeed.ring.layout import ERROR_PAYLOAD, HEADER, MAX_CLAIMS, layout_of
 from infeed.ring.processes import watch_processes
 from infeed.ring.segments import SHM_DIR
 
@@ -272,24 +272,53 @@ def test_units_dealt_to_whichever_producer_asks_arrive_once_each_and_in_order(ri
     assert sorted(u for units in by_worker.values() for u in units) == list(range(60))
     assert all(units == sorted(units) for units in by_worker.values())
     claims = [ring.worker_claims(k) for k in range(3)]      # each took a unit past the end last, and stopped
-    assert sorted(c for c, _ in claims) == [60, 61, 62] and all(n == -1 for _, n in claims)
+    assert sorted(claims) == [(60,), (61,), (62,)]
 
 
-def test_a_worker_owes_at_most_two_units_and_its_claims_are_visible_to_the_consumer(ring):
+def test_a_worker_owes_at_most_max_claims_units_and_its_claims_are_visible_to_the_consumer(ring):
     ring.register_worker(0)
     ring.register_worker(1)
-    assert ring.worker_claims(0) == (-1, -1)
+    assert ring.worker_claims(0) == ()
     assert [ring.take_unit(0), ring.take_unit(1), ring.take_unit(0)] == [0, 1, 2]
-    assert ring.worker_claims(0) == (0, 2) and ring.worker_claims(1) == (1, -1)
-    with pytest.raises(RuntimeError, match="worker 0 takes a third unit while it owes two"):
-        ring.take_unit(0)
+    assert ring.worker_claims(0) == (0, 2) and ring.worker_claims(1) == (1,)
     ring.drop_claim(0, 0)
-    assert ring.worker_claims(0) == (2, -1)
-    assert ring.take_unit(0) == 3 and ring.worker_claims(0) == (2, 3)
+    assert ring.worker_claims(0) == (2,)
+    assert ring.take_unit(0) == 3 and ring.worker_claims(0) == (2, 3)   # the freed entry taken again
     ring.drop_claim(0, 3)
     ring.drop_claim(0, 2)
-    assert ring.worker_claims(0) == (-1, -1)
-    assert ring.workers()[0]["claim"] == -1 and ring.workers()[1]["claim"] == 1
+    assert ring.worker_claims(0) == () and ring.worker_claims(1) == (1,)
+    taken = [ring.take_unit(0) for _ in range(MAX_CLAIMS)]
+    assert taken == list(range(4, 4 + MAX_CLAIMS)) and ring.worker_claims(0) == tuple(taken)
+    with pytest.raises(RuntimeError, match=f"worker 0 takes 1 units while it owes {MAX_CLAIMS}: {MAX_CLAIMS} at most"):
+        ring.take_unit(0)
+    ring.drop_claim(0, taken[5])
+    assert ring.take_unit(0) == 4 + MAX_CLAIMS and taken[5] not in ring.worker_claims(0)
+    for unit in ring.worker_claims(0):
+        ring.drop_claim(0, unit)
+    assert ring.take_unit(0, 3) == 5 + MAX_CLAIMS and ring.take_unit(1, 2) == 8 + MAX_CLAIMS   # runs of units
+    assert ring.worker_claims(0) == tuple(range(5 + MAX_CLAIMS, 8 + MAX_CLAIMS))
+    assert ring.worker_claims(1) == (1, 8 + MAX_CLAIMS, 9 + MAX_CLAIMS)
+    with pytest.raises(RuntimeError, match=f"worker 0 takes {MAX_CLAIMS - 2} units while it owes 3"):
+        ring.take_unit(0, MAX_CLAIMS - 2)
+    assert ring.worker_claims(0) == tuple(range(5 + MAX_CLAIMS, 8 + MAX_CLAIMS))      # nothing taken
+    assert "claims" not in ring.workers()[0]
+
+
+def test_takes_ahead_interleave_a_worker_that_took_last_leaves_the_next_to_the_others(ring):
+    ring.register_worker(0)
+    ring.register_worker(1)
+    assert ring.take_unit(0, 2, ahead=True) == 0                 # nobody took before
+    assert ring.take_unit(0, 2, ahead=True) is None              # it took last: left to the others for now
+    assert ring.take_unit(0, 2) == 2                             # needed now: taken all the same
+    assert ring.take_unit(1, 2, ahead=True) == 4
+    assert ring.take_unit(0, 2, ahead=True) == 6
+    assert ring.worker_claims(0) == (0, 1, 2, 3, 6, 7) and ring.worker_claims(1) == (4, 5)
+
+
+def test_a_lone_worker_always_takes_ahead():
+    with Ring.create(_template(), slots=2, max_workers=1, lock_memory=False) as r:
+        r.register_worker(0)
+        assert [r.take_unit(0, 3, ahead=True) for _ in range(3)] == [0, 3, 6]
 
 
 def test_a_workers_counters_are_read_whole_never_torn_by_its_update(ring):
