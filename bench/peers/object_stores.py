@@ -164,13 +164,17 @@ class ServerProcess:
         return f"--- the end of {self.log} ---\n{text[-chars:]}"
 
 
+#: The keys of the S3 server's identity allowed only Read and List: a bucket's reader.
+READER_KEYS = ("tests-reader-key", "tests-reader-secret")
 #: The object ``S3Server.answers`` reads back, outside the keys tests and suites use.
 READY_PROBE = ".ready-probe"
 
 
 @dataclasses.dataclass(frozen=True)
 class S3Server:
-    """A SeaweedFS S3 endpoint with one bucket and one identity (an admin): requests must be signed with its keys."""
+    """A SeaweedFS S3 endpoint with one bucket and two identities: an admin (``access_key``, ``secret_key``) and
+    a reader allowed only Read and List (:data:`READER_KEYS`, ``env(read_only=True)``): requests must be signed
+    with the keys of one."""
     endpoint: str
     access_key: str
     secret_key: str
@@ -193,11 +197,13 @@ class S3Server:
         return (f"s3://{user}{self.bucket}/{quote(key)}"
                 f"?endpoint_override={self.endpoint}&scheme=http&region={self.region}")
 
-    def env(self) -> dict[str, str]:
-        """AWS variables under which a plain ``s3://bucket/key`` reaches this server through ``FileSystem.from_uri``.
+    def env(self, read_only: bool = False) -> dict[str, str]:
+        """AWS variables under which a plain ``s3://bucket/key`` reaches this server through ``FileSystem.from_uri``,
+        signed as the admin or, ``read_only``, as the reader (a user of a bucket they may only read and list).
         (An ``S3FileSystem()`` built directly ignores AWS_ENDPOINT_URL; AWS_ENDPOINT_URL_S3, when set, wins.)"""
-        return {"AWS_ENDPOINT_URL": f"http://{self.endpoint}", "AWS_ACCESS_KEY_ID": self.access_key,
-                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": self.region, "AWS_DEFAULT_REGION": self.region}
+        access_key, secret_key = READER_KEYS if read_only else (self.access_key, self.secret_key)
+        return {"AWS_ENDPOINT_URL": f"http://{self.endpoint}", "AWS_ACCESS_KEY_ID": access_key,
+                "AWS_SECRET_ACCESS_KEY": secret_key, "AWS_REGION": self.region, "AWS_DEFAULT_REGION": self.region}
 
     def answers(self) -> bool:
         """Whether the S3 port answers, a signed request finds the bucket (made a moment after the port opens) and
@@ -264,9 +270,13 @@ class GcsServer:
 
 
 def s3_identities(access_key: str, secret_key: str) -> dict:
-    """SeaweedFS's ``-s3.config``: one identity allowed everything, signing with these keys."""
+    """SeaweedFS's ``-s3.config``: an identity allowed everything, signing with these keys, and a reader
+    allowed only Read and List, signing with :data:`READER_KEYS`."""
+    reader_key, reader_secret = READER_KEYS
     return {"identities": [{"name": "admin", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                            "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
+                            "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
+                           {"name": "reader", "credentials": [{"accessKey": reader_key, "secretKey": reader_secret}],
+                            "actions": ["Read", "List"]}]}
 
 
 def weed_command(weed: Path, folder: Path, bucket: str, config: Path) -> tuple[list[str], dict[str, int]]:

@@ -113,6 +113,30 @@ def test_indexes_of_a_bucket_kept_in_a_local_directory_write_nothing_into_it(fol
     assert sorted(got) == list(range(120)) and got != list(range(120))
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_bucket_the_user_may_only_read_is_indexed_into_their_own_directory_and_gives_the_streamed_batches(
+        s3_server, request, monkeypatch, tmp_path, workers):
+    """Read-only keys (an identity allowed only Read and List): the bucket cannot take a sidecar, so the daemon
+    builds the indexes into the user's directory (build_indexes=True with W=1; "auto" with W=2) and reads
+    through them; the batches are those of a W=1 streamed run."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    folder = f"s3://{s3_server.bucket}/infeed/{request.node.name.replace('[', '-').rstrip(']')}"
+    paths = write_shards(folder)
+    for name, value in s3_server.env(read_only=True).items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(OSError):                             # the reader may not write
+        with infeed.TFRecordWriter(f"{folder}/not-allowed.tfrecord") as writer:
+            writer.write(RECORDS[0])
+    kept = tmp_path / "indexes"
+    ds = infeed.Dataset(f"{folder}/part-*.tfrecord", SPEC, batch_size=8, shuffle_files=True, seed=4, index_dir=kept,
+                        build_indexes=True if workers == 1 else "auto")
+    got, _ = labels_of(ds, workers=workers)
+    streamed, _ = labels_of(ds.replace(build_indexes=False, index_dir=False), workers=1)
+    assert got == streamed and sorted(got) == list(range(120))
+    assert len(os.listdir(kept)) == 3 and expand_files(f"{folder}/*") == paths       # nothing written into it
+
+
 def test_convert_to_a_bucket_and_inspect_from_it(folder, tmp_path, capsys):
     pq.write_table(pa.table({"x": [[1.0, 2.0, 3.0]] * 10, "label": list(range(10))}), tmp_path / "t.parquet")
     result = convert([str(tmp_path / "t.parquet")], f"{folder}/converted/train", shards=2)

@@ -113,6 +113,22 @@ def test_auto_builds_where_it_saves_reads(files, tmp_path):
     assert built(1, shuffle="global")                                # a global shuffle needs them
 
 
+def test_files_in_a_directory_the_user_may_only_read_are_indexed_into_theirs_and_give_the_streamed_batches(
+        files, tmp_path):
+    data = os.path.dirname(files[0])
+    listed = sorted(os.listdir(data))
+    os.chmod(data, 0o555)                   # read-only (for a user other than root, whom nothing stops)
+    try:
+        kept = tmp_path / "indexes"
+        ds = Dataset(files, SPEC, batch_size=8, shuffle_files=True, seed=3, index_dir=kept)
+        streamed, _ = _run(ds.replace(build_indexes=False), workers=1)
+        got, stats = _run(ds, workers=4)          # "auto": local files from 4 workers on
+        assert got == streamed and sorted(os.listdir(kept)) != [] and sorted(os.listdir(data)) == listed
+        assert sum(w.read_bytes for w in stats.workers) == sum(map(os.path.getsize, files))   # each record once
+    finally:
+        os.chmod(data, 0o755)
+
+
 def test_each_host_builds_only_the_files_of_its_shard(files, tmp_path):
     kept = tmp_path / "indexes"
     ds = Dataset(files, SPEC, batch_size=4, index_dir=kept, shard_index=1, num_shards=2, build_indexes=True)
