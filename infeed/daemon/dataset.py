@@ -51,7 +51,7 @@ from infeed.example.spec import Padded, spec_from_json, spec_to_json
 from infeed.tfrecord.files import expand_files
 from infeed.tfrecord.index_build import BuildResult, build_indexes, compressed_files
 from infeed.tfrecord.index_cache import default_index_dir, find_index
-from infeed.tfrecord.reader import COMPRESSIONS, MAX_RECORD_SIZE, read_records
+from infeed.tfrecord.reader import COMPRESSIONS, MAX_RECORD_SIZE, read_records, remote_file_info
 
 __all__ = ["Dataset", "PADDING_KEY"]
 
@@ -61,6 +61,13 @@ _log = logging.getLogger("infeed")
 #: on the 16-CPU host (docs/bench/h100-host) streamed reading peaked at W=4 on ImageNet-sized records (1.7x, 6.1x
 #: indexed at W=15), and on 2 cores the indexed path was 0.71-0.80x of the streamed one at W=1.
 LOCAL_BUILD_WORKERS = 4
+#: With ``build_indexes="auto"``, the mean size of ``gs://`` objects from which a Daemon of 2 workers or more builds
+#: their indexes: pyarrow opens each object with a download of the whole of it, which its reads by offset then
+#: leave, so every worker's open of an object brings what the socket buffers take (4 MB measured through a relay
+#: counting bytes, on loopback); from 16 MiB objects on, W workers' opens and one read of each record cost less
+#: than W streams. The mean of up to :data:`SIZE_SAMPLE` objects, looked up once.
+GCS_BUILD_MIN_BYTES = 16 << 20
+SIZE_SAMPLE = 8
 
 #: The bool ``[B]`` array of a batch with ``final_batch="pad"`` or ``skip_corrupt``: True on padding rows.
 PADDING_KEY = "is_padding"
@@ -260,9 +267,17 @@ class Dataset:
         # behind a relay counting bytes, tests/object_stores): S3, where runs of batches whose records follow
         # each other in the file are read with one request (infeed/daemon/read_ahead.py; no shuffle buffer:
         # with one, a request per record, 836 requests for 800 records of 58 bytes, 9x the data's bytes in
-        # the response heads alone). Not gs://:
-        # pyarrow's GCS reads by offset brought 2.7-3.1x the data per epoch at W=2 and 3, more than streaming.
-        return self.shuffle_buffer == 0 and all(path.startswith("s3://") for path in paths)
+        # the response heads alone). gs:// only for objects of GCS_BUILD_MIN_BYTES or more: each worker's open of
+        # an object costs its socket buffers' worth besides (400 KB objects: 2.3x and 3.3x the data an epoch at
+        # W=2 and 3, more than streaming).
+        if self.shuffle_buffer != 0:
+            return False
+        if all(path.startswith("s3://") for path in paths):
+            return True
+        if all(path.startswith("gs://") for path in paths):
+            sizes = [remote_file_info(path)[2].size for path in paths[:SIZE_SAMPLE]]
+            return sum(sizes) / len(sizes) >= GCS_BUILD_MIN_BYTES
+        return False
 
     def count_records(self) -> int:
         """The records of one epoch of this host's shard, from ``infeed index`` sidecars where every

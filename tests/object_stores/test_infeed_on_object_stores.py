@@ -16,6 +16,7 @@ import pytest
 import infeed
 from infeed.commands.cli import main
 from infeed.commands.convert import convert
+from infeed.daemon import dataset as dataset_module
 from infeed.tfrecord import expand_files, filesystems, reader
 from infeed.tfrecord.filesystems import unregister_filesystem
 from infeed.tfrecord.index import index_path, load_index
@@ -241,9 +242,10 @@ def test_an_unindexed_bucket_is_read_once_to_index_then_each_epoch_reads_each_re
                                                                                           workers):
     """The red team's case (4 unindexed objects, Daemon(W=3): 3.00x the data's bytes every epoch), counted by a
     relay in front of the server: on S3 the first epoch reads the objects once to index them, then each worker
-    only its own records; the next run finds the indexes and reads each record once. On GCS pyarrow's reads by
-    offset bring more than they ask (2.7-3.1x the data an epoch at W=2 and 3): build_indexes="auto" streams,
-    each worker reading every object."""
+    only its own records; the next run finds the indexes and reads each record once. On GCS pyarrow opens each
+    object with a download of all of it, which its reads by offset leave: with objects this small (400 KB, under
+    GCS_BUILD_MIN_BYTES) every worker's open brings the whole object, so build_indexes="auto" streams, each
+    worker reading every object; over the threshold it builds."""
     records = [infeed.encode_example({"x": [float(i)] * 3, "label": [i], "pad": b"p" * 4000}) for i in range(400)]
     paths = write_shards(folder, count=4, records=records)
     listed = expand_files(f"{folder}/*")
@@ -265,10 +267,16 @@ def test_an_unindexed_bucket_is_read_once_to_index_then_each_epoch_reads_each_re
         second, _ = labels_of(ds, workers=workers)
         again = proxy.bytes_out - before
         streamed, _ = labels_of(ds.replace(build_indexes=False), workers=1)
+        if gcs:     # objects "this large" are built, and each record is read by one worker
+            monkeypatch.setattr(dataset_module, "GCS_BUILD_MIN_BYTES", 100_000)
+            with infeed.Daemon(ds, num_workers=workers, slots=4, lock_memory=False, timeout=60) as feed:
+                indexed = np.concatenate([np.array(batch["label"]) for batch in feed]).tolist()
+                read_by_workers = sum(w.read_bytes for w in feed.stats().workers)
         assert expand_files(f"{folder}/*") == listed                    # nothing written into the bucket
     assert first == second == streamed and sorted(first) == list(range(400))
     if gcs:          # streamed both times, each worker every object (pyarrow's GCS streams brought 1-2x the data)
         assert min(built, again) >= workers * data, (built / data, again / data)
+        assert indexed == first and len(os.listdir(kept)) == 4 and read_by_workers == data
     else:            # measured 2.06x and 1.03x: the response heads (~0.5 KB a request) on 1.6 MB of data
         assert built <= 2.1 * data and again <= 1.1 * data, (built / data, again / data)
 
