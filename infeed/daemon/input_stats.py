@@ -68,9 +68,13 @@ _ADVICE = {
     "inflate": "store the files uncompressed, or add workers or cores",
     "crc": "add workers or cores",
     "decode": "add workers or cores",
-    "other": "each worker reads the framing of every record: write an index (infeed index), with which "
-             "workers read only their own batches, or use fewer workers",
+    "other": "each worker reads the framing of every record: index the files (Dataset(build_indexes=True) builds "
+             "the indexes before the first epoch, `infeed index` writes them), with which workers read only "
+             "their own batches, or use fewer workers",
 }
+#: In place of the advice to index, for compressed files: GZIP and ZLIB streams have no random access.
+_COMPRESSED = ("the files are compressed (GZIP/ZLIB), which no index can serve (no random access), so each worker "
+               "inflates every record: store them uncompressed, or use fewer workers")
 
 
 def _share(part: float, whole: float) -> float:
@@ -229,14 +233,21 @@ class InputStats:
                 passing = _share(sum(w.read_bytes for w in self.workers), sum(w.bytes for w in self.workers))
                 if len(self.workers) > 1 and passing >= PASSING_READS:
                     advice = (f"each worker reads every record and decodes its share ({passing:.1f}x the bytes "
-                              f"it decodes): write an index (infeed index), with which workers read only their "
-                              f"own batches")
+                              f"it decodes): index the files (Dataset(build_indexes=True), or `infeed index`), "
+                              f"with which workers read only their own batches")
+            if top in ("read", "other", "inflate") and "index" in advice and self.compressed:
+                advice = _COMPRESSED
             return f"input-bound: {waited}; {doing}: {advice}"
         if idle >= IDLE_WORKERS:
             return (f"trainer-bound: {waited}; workers wait {100 * idle:.0f} % of theirs for a free slot: "
                     f"the input keeps up with room to spare")
         return (f"balanced: {waited}; {doing} and wait {100 * idle:.0f} % for a free slot: the input keeps up "
                 f"with little to spare")
+
+    @property
+    def compressed(self) -> bool:
+        """Whether the workers inflated what they read (the files are GZIP or ZLIB)."""
+        return any(w.compressed_bytes for w in self.workers)
 
     def table(self) -> str:
         """A text table: the consumer's stages, then each worker's share of wall time per stage and rates."""

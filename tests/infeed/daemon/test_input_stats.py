@@ -11,11 +11,12 @@ from infeed import Daemon, Dataset, FixedLen
 from infeed.daemon.input_stats import WORKER_STAGES, InputStats, WorkerStats
 
 
-def worker(index=0, elapsed=10.0, read=0.0, inflate=0.0, crc=0.0, decode=0.0, wait=0.0, read_bytes=0, pid=100):
+def worker(index=0, elapsed=10.0, read=0.0, inflate=0.0, crc=0.0, decode=0.0, wait=0.0, read_bytes=0, pid=100,
+           compressed_bytes=0):
     return WorkerStats.from_counters({
         "index": index, "pid": pid, "elapsed_s": elapsed, "since_beat": 0.0, "batches": 100, "records": 1000, "skipped": 0,
         "bytes": 10**6, "read_s": read + inflate, "inflate_s": inflate, "crc_s": crc, "decode_s": decode,
-        "wait_s": wait, "read_bytes": read_bytes, "compressed_bytes": 0})
+        "wait_s": wait, "read_bytes": read_bytes, "compressed_bytes": compressed_bytes})
 
 
 def stats(workers, wait=0.0, elapsed=10.0, cpus=2, startup=0.0, physical_cores=0):
@@ -153,6 +154,17 @@ def test_workers_reading_every_record_to_decode_their_share_are_told_to_write_an
     four = [worker(index=k, read=6.0, decode=2.0, read_bytes=4 * 10**6) for k in range(4)]
     said = stats(four, wait=5.0, cpus=8).bottleneck()
     assert said.endswith("workers spend 60 % reading files (1 MB/s while reading): each worker reads every record "
-                         "and decodes its share (4.0x the bytes it decodes): write an index (infeed index), with "
-                         "which workers read only their own batches")
+                         "and decodes its share (4.0x the bytes it decodes): index the files "
+                         "(Dataset(build_indexes=True), or `infeed index`), with which workers read only their own "
+                         "batches")
     assert "storage is the limit" in stats(four[:1], wait=5.0, cpus=8).bottleneck()        # one worker passes none
+
+
+def test_workers_inflating_every_record_of_compressed_files_are_told_no_index_serves_them():
+    four = [worker(index=k, read=6.0, decode=2.0, read_bytes=4 * 10**6, compressed_bytes=10**6) for k in range(4)]
+    said = stats(four, wait=5.0, cpus=8).bottleneck()
+    assert said.endswith("the files are compressed (GZIP/ZLIB), which no index can serve (no random access), so each "
+                         "worker inflates every record: store them uncompressed, or use fewer workers")
+    assert "infeed index" not in said
+    passing = [worker(index=k, elapsed=10.0, read=1.0, decode=1.0, compressed_bytes=10**6) for k in range(2)]
+    assert "no index can serve" in stats(passing, wait=5.0, cpus=8).bottleneck()        # "other" on top: the same
