@@ -3,8 +3,11 @@ directory before its first epoch (each file read once, in the trainer), so its w
 batches; the batches are those of streaming; the next run finds them; an unwritable directory, compressed files
 and ``build_indexes=False`` stream, saying why once; ``"auto"`` builds where it saves reads."""
 
+import json
 import logging
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -127,6 +130,31 @@ def test_files_in_a_directory_the_user_may_only_read_are_indexed_into_theirs_and
         assert sum(w.read_bytes for w in stats.workers) == sum(map(os.path.getsize, files))   # each record once
     finally:
         os.chmod(data, 0o755)
+
+
+HOST = """
+import json, sys
+from infeed import Daemon, Dataset, FixedLen
+paths, kept, index = json.loads(sys.argv[1])
+ds = Dataset(paths, {"id": FixedLen((), "int64")}, batch_size=4, index_dir=kept, num_shards=2, shard_index=index,
+             shuffle="global", seed=9)           # a global shuffle needs the indexes: each host builds them
+with Daemon(ds, num_workers=2, slots=4, lock_memory=False, timeout=60) as feed:
+    print(json.dumps([i for batch in feed for i in batch["id"].tolist()]))
+"""
+
+
+def test_two_hosts_sharing_a_file_build_its_index_at_once_into_one_cache_and_split_its_records(tmp_path):
+    """Fewer files than hosts: each host takes every other record of the one file, so both need its index, build
+    it at the same moment into the cache they share, and find one whole entry; their records split the file."""
+    (path,) = write_example_shards(tmp_path / "data", ["one.tfrecord"], lambda s: ({"id": [i]} for i in range(64)))
+    kept = str(tmp_path / "indexes")
+    hosts = [subprocess.Popen([sys.executable, "-c", HOST, json.dumps([[path], kept, k])], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in range(2)]
+    outs = [host.communicate(timeout=120) for host in hosts]
+    assert [host.returncode for host in hosts] == [0, 0], [err for _, err in outs]
+    ids = [json.loads(out) for out, _ in outs]
+    assert sorted(ids[0] + ids[1]) == list(range(64)) and set(ids[0]).isdisjoint(ids[1])
+    assert len(os.listdir(kept)) == 1 and find_index(path, kept).count == 64
 
 
 def test_each_host_builds_only_the_files_of_its_shard(files, tmp_path):
