@@ -14,18 +14,14 @@ into the ring slot, with no bytes object in between.
 from __future__ import annotations
 
 import collections
-import time
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from infeed.daemon.indexed_reads import IndexedFiles
 from infeed.daemon.read_ahead import ReadAhead
-from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import MAX_JOINED_READ, check_versions, indexed_runs, open_indexed, unframe_runs
 
-count_read = _tfrecord.count_read
-
-__all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "IndexedFiles", "epoch_paths", "epoch_order",
+__all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "epoch_paths", "epoch_order",
            "epoch_batches", "exists", "record_offset"]
 
 #: Random draws fetched at a time by a shuffle buffer.
@@ -358,117 +354,6 @@ def epoch_order(ds, epoch: int, counts: list[int]) -> np.ndarray:
                 out.append(left)
         return np.array(out + buffer.drain(), dtype=np.int64)
     return stream
-
-
-class IndexedFiles:
-    """Reads records of an epoch's files by their indexes' offsets, checking both CRCs of each and its data CRC
-    against the index's (a file rewritten since it was indexed is a :class:`~infeed.errors.SourceChangedError`;
-    through a version-1 index, one that changed since it was opened, looked up after each batch's reads), one
-    open file per path. Reads start for several batches at once (:meth:`start`) and give each batch's records
-    alone (:meth:`ReadGroup.records`), so damage is raised at its own batch. Records adjacent in a file share a
-    read (up to :data:`~infeed.tfrecord.index.MAX_JOINED_READ` bytes), across the group's batches too. Remote files
-    (URIs) are read with a group's reads in flight at once, on the reader's pool of threads, each group's read
-    timed for ``read_ahead`` (:class:`~infeed.daemon.read_ahead.ReadAhead`); the time the worker waits for them,
-    and their bytes, count as the stage ``read``."""
-
-    def __init__(self, paths: list, indexes: list, read_ahead: ReadAhead | None = None):
-        self._paths, self._indexes = paths, indexes
-        self._remote = any("://" in path for path in paths)
-        self._read_ahead = read_ahead
-        self._open: dict = {}
-
-    def start(self, batches: list) -> "ReadGroup":
-        """Starts reading the records of ``batches`` (each ``(files, records)``: record ``records[i]`` of file
-        ``files[i]``, positions in ``paths``), where the files are remote."""
-        runs = [indexed_runs(self._indexes.__getitem__, files, records) for files, records in batches]
-        return ReadGroup(self, runs, self._remote)
-
-    def read(self, files: np.ndarray, records: np.ndarray) -> list:
-        """The data of record ``records[i]`` of file ``files[i]``, in that order (memoryviews into the reads: the
-        decoder takes any buffer)."""
-        return self.start([(files, records)]).records(0)
-
-    def _handle(self, f: int):
-        handle = self._open.get(f)
-        if handle is None:
-            handle = self._open[f] = open_indexed(self._paths[f], self._indexes[f])
-        return handle
-
-    def close(self) -> None:
-        for handle in self._open.values():
-            handle.close()
-        self._open.clear()
-
-
-class ReadGroup:
-    """The reads of a few batches' records (:meth:`IndexedFiles.start`): one request for each span of adjacent
-    runs (remote files: all in flight at once from the start), each batch's records given alone."""
-
-    def __init__(self, files: IndexedFiles, runs: list, remote: bool):
-        self._files, self._runs = files, runs
-        self._spans, self._span_of = _spans(runs)
-        self._datas = None
-        self._futures = None
-        if remote:
-            from infeed.tfrecord.reader import read_ahead_pool
-
-            pool = read_ahead_pool()
-            self._began = time.monotonic_ns()
-            self._futures = [pool.submit(_timed_read, files._handle(f), base, size) for f, base, size in self._spans]
-
-    def records(self, j: int) -> list:
-        """Batch ``j``'s records, in order, as memoryviews into the reads (the first call waits for them all)."""
-        files = self._files
-        if self._datas is None:
-            began = time.monotonic_ns()
-            if self._futures is None:
-                datas = [files._handle(f).read_at(base, size) for f, base, size in self._spans]
-            else:
-                datas, done = zip(*(future.result() for future in self._futures))
-            waited, nbytes = time.monotonic_ns() - began, sum(map(len, datas))
-            count_read(waited, nbytes)
-            if files._read_ahead is not None:
-                if self._futures:
-                    files._read_ahead.read_done(self._began, max(done), nbytes, len(self._runs))
-                files._read_ahead.handed_out(waited)
-            self._datas = [memoryview(data) for data in datas]
-        elif files._read_ahead is not None:
-            files._read_ahead.handed_out(0)
-        runs = self._runs[j]
-        check_versions(runs, files._handle)
-        datas = [self._datas[span][run.base - self._spans[span][1]:][:run.size] for run, span in
-                 zip(runs, self._span_of[j])]
-        return unframe_runs(runs, datas, files._paths, views=True)
-
-    def cancel(self) -> None:
-        for future in self._futures or ():
-            future.cancel()
-
-
-def _spans(runs: list) -> tuple[list, list]:
-    """The requests for the runs of a few batches (``runs[j]``: batch ``j``'s): ``(file, base, size)`` spans,
-    each joining runs that follow each other in a file up to :data:`~infeed.tfrecord.index.MAX_JOINED_READ`
-    bytes, and for each batch the span of each of its runs."""
-    spans: list = []
-    span_of: list = []
-    for batch in runs:
-        mine = []
-        for run in batch:
-            if spans:
-                f, base, size = spans[-1]
-                if f == run.file and base + size == run.base and size + run.size <= MAX_JOINED_READ:
-                    spans[-1] = (f, base, size + run.size)
-                    mine.append(len(spans) - 1)
-                    continue
-            spans.append((run.file, run.base, run.size))
-            mine.append(len(spans) - 1)
-        span_of.append(mine)
-    return spans, span_of
-
-
-def _timed_read(handle, offset: int, n: int) -> tuple:
-    """``handle.read_at(offset, n)`` and the time its last byte came (``time.monotonic_ns``)."""
-    return handle.read_at(offset, n), time.monotonic_ns()
 
 
 def _indexed(ds, epoch: int, first: int, owned, indexes: dict, read_ahead: ReadAhead | None) -> Iterator[PlannedBatch]:

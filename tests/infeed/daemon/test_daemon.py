@@ -286,17 +286,17 @@ def test_an_index_changes_how_records_are_read_not_which(files, indexed, shuffle
 
 
 def test_through_an_index_a_batch_is_one_read_and_a_damaged_record_is_named(indexed, monkeypatch):
-    from infeed.daemon import plan
+    from infeed.daemon import indexed_reads, plan
     from infeed.tfrecord.index import load_index
 
     reads = []
-    real = plan.indexed_runs
+    real = indexed_reads.indexed_runs
 
     def counted(*args, **kwargs):                    # each run planned is one read
         runs = real(*args, **kwargs)
         reads.extend(run.size for run in runs)
         return runs
-    monkeypatch.setattr(plan, "indexed_runs", counted)
+    monkeypatch.setattr(indexed_reads, "indexed_runs", counted)
     ds = Dataset(indexed, SPEC, batch_size=10, num_epochs=1)
     parser, ids = infeed.ExampleParser(SPEC), []
     for planned in plan.epoch_batches(ds, 0, 0, lambda index, ahead=False: index % 2 == 0, ds.indexes()):  # a worker of 2
