@@ -37,7 +37,9 @@ def _processes(word: str) -> list[str]:
     return sorted(r[2] for r in rows if len(r) == 3 and word in r[2] and "ps -eo" not in r[2] and ours(int(r[0])))
 
 
-def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_nothing_behind(tmp_path, capsys):
+def test_remote_suite_measures_each_source_for_each_worker_count_and_leaves_nothing_behind(tmp_path, capsys,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(suite, "BYTES_WORKERS", (2,))      # the bytes of one W counted: the suite counts 1, 2, 3
     servers_before = _processes("weed mini")
     proxies_before = _processes("bench.peers.store_proxy")
     out = tmp_path / "remote.json"
