@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from infeed.daemon.read_ahead import ReadAhead
 from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.index import MAX_JOINED_READ, check_versions, indexed_runs, open_indexed, unframe_runs
@@ -40,11 +38,6 @@ class IndexedFiles:
         ``files[i]``, positions in ``paths``), where the files are remote."""
         runs = [indexed_runs(self._indexes.__getitem__, files, records) for files, records in batches]
         return ReadGroup(self, runs, self._remote)
-
-    def read(self, files: np.ndarray, records: np.ndarray) -> list:
-        """The data of record ``records[i]`` of file ``files[i]``, in that order (memoryviews into the reads: the
-        decoder takes any buffer)."""
-        return self.start([(files, records)]).records(0)
 
     def _handle(self, f: int):
         handle = self._open.get(f)
