@@ -26,8 +26,11 @@ def children() -> set[int]:
     """The pids of this process's children (of all its threads)."""
     found = set()
     for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            found.update(int(p) for p in f.read().split())
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                found.update(int(p) for p in f.read().split())
+        except (FileNotFoundError, ProcessLookupError):     # a thread that ended since the listing (seen on 3.14)
+            continue
     return found
 
 
