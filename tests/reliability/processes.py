@@ -22,12 +22,12 @@ SPEC = {"id": FixedLen((), "int64")}
 SIZES = (40, 23, 37)          # records per file: ids 0..99 in order
 
 
-def children() -> set[int]:
-    """The pids of this process's children (of all its threads)."""
+def children(pid: int | str = "self") -> set[int]:
+    """The pids of the children of process ``pid`` (this one by default), of all its threads."""
     found = set()
-    for task in os.listdir("/proc/self/task"):
+    for task in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/self/task/{task}/children") as f:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
                 found.update(int(p) for p in f.read().split())
         except (FileNotFoundError, ProcessLookupError):     # a thread that ended since the listing (seen on 3.14)
             continue

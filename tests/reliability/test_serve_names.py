@@ -16,7 +16,8 @@ from infeed.ring.names import alias_path, names_dir, resolve_name, write_alias
 from infeed.ring.orphans import collect
 from infeed.ring.segments import SHM_DIR
 
-from .processes import ROOT, SPEC, alive, group_members, kill_server, read_line, segment_path, write_files
+from .processes import (ROOT, SPEC, alive, children, group_members, kill_server, read_line, segment_path,
+                        write_files)
 
 
 class Servers:
@@ -134,20 +135,12 @@ def test_a_live_name_is_not_taken_by_a_second_server(tmp_path, name, serve):
         server.wait(20)
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            found += [int(p) for p in f.read().split()]
-    return found
-
-
 def test_a_server_that_outlives_its_test_is_killed_with_its_workers_and_ring(tmp_path, name):
     # The serve fixture's teardown where the test timed out waiting for its server to stop.
     with pytest.raises(subprocess.TimeoutExpired):
         with Servers() as servers:
             server, segment = servers.start(tmp_path, name)
-            workers = _children(server.pid)
+            workers = sorted(children(server.pid))
             assert workers and os.path.exists(segment_path(segment))
             os.kill(server.pid, signal.SIGSTOP)             # it cannot stop on its own
             server.send_signal(signal.SIGINT)
