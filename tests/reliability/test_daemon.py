@@ -58,11 +58,14 @@ def expected_ids(batch: int, size: int = 2) -> list[int]:
     return [(batch * size + i) % 100 for i in range(size)]
 
 
-def take_until_error(feed, error, limit: int = 500) -> tuple[list, pytest.ExceptionInfo]:
-    """Batches' ids until ``feed`` raises ``error`` (at most ``limit`` batches: never endless)."""
+def take_until_error(feed, error, within: float = REPORT_WITHIN) -> tuple[list, pytest.ExceptionInfo]:
+    """Batches' ids until ``feed`` raises ``error`` (for ``within`` seconds at most: never endless). Bounded by
+    time, not by batches: a signalled worker dies when it next runs, which on a loaded machine took longer than
+    the 500 tiny batches the other worker made meanwhile (a suite run: "DID NOT RAISE WorkerDied")."""
     seen = []
+    began = time.monotonic()
     with pytest.raises(error) as info:
-        for _ in range(limit):
+        while time.monotonic() - began < within:
             seen.append(next(feed)["id"].tolist())
     return seen, info
 
