@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import resource
+import secrets
 import signal
 import subprocess
 import sys
@@ -483,11 +484,13 @@ def _plant(reaper, name: str, data: bytes, owner: int | None = None) -> str:
 
 def _other_users_rings(reaper) -> list[str]:
     """Dead rings of another user: one under that user's prefix, and (where this test may give
-    files away, as root) one under ours."""
+    files away, as root) one under ours. Named afresh each time: two tests planting the same names at once (on
+    two xdist workers) removed each other's on their way out."""
     other, header = os.getuid() + 1, _dead_header()
-    planted = [_plant(reaper, f"infeed-{other}-{'ab' * 16}", header, other if os.geteuid() == 0 else None)]
+    planted = [_plant(reaper, f"infeed-{other}-{secrets.token_hex(16)}", header,
+                      other if os.geteuid() == 0 else None)]
     if os.geteuid() == 0:
-        planted.append(_plant(reaper, f"infeed-{os.getuid()}-{'cd' * 16}", header, other))
+        planted.append(_plant(reaper, f"infeed-{os.getuid()}-{secrets.token_hex(16)}", header, other))
     return planted
 
 
