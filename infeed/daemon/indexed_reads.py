@@ -27,9 +27,8 @@ class IndexedFiles:
     timed for ``read_ahead`` (:class:`~infeed.daemon.read_ahead.ReadAhead`); the time the worker waits for them,
     and their bytes, count as the stage ``read``."""
 
-    def __init__(self, paths: list, indexes: list, read_ahead: ReadAhead | None = None):
+    def __init__(self, paths: list, indexes: list, read_ahead: ReadAhead):
         self._paths, self._indexes = paths, indexes
-        self._remote = any("://" in path for path in paths)
         self._read_ahead = read_ahead
         self._open: dict = {}
 
@@ -37,7 +36,7 @@ class IndexedFiles:
         """Starts reading the records of ``batches`` (each ``(files, records)``: record ``records[i]`` of file
         ``files[i]``, positions in ``paths``), where the files are remote."""
         runs = [indexed_runs(self._indexes.__getitem__, files, records) for files, records in batches]
-        return ReadGroup(self, runs, self._remote)
+        return ReadGroup(self, runs, self._read_ahead.remote)
 
     def _handle(self, f: int):
         handle = self._open.get(f)
@@ -78,12 +77,11 @@ class ReadGroup:
                 datas, done = zip(*(future.result() for future in self._futures))
             waited, nbytes = time.monotonic_ns() - began, sum(map(len, datas))
             count_read(waited, nbytes)
-            if files._read_ahead is not None:
-                if self._futures:
-                    files._read_ahead.read_done(self._began, max(done), nbytes, len(self._runs))
-                files._read_ahead.handed_out(waited)
+            if self._futures:
+                files._read_ahead.read_done(self._began, max(done), nbytes, len(self._runs))
+            files._read_ahead.handed_out(waited)
             self._datas = [memoryview(data) for data in datas]
-        elif files._read_ahead is not None:
+        else:
             files._read_ahead.handed_out(0)
         runs = self._runs[j]
         check_versions(runs, files._handle)

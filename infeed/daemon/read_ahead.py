@@ -39,16 +39,16 @@ def units_per_take(ds, indexes: dict | None, slots: int, workers: int) -> int:
     nbytes = sum(int(index.lengths.sum()) for index in indexes.values())
     unit_bytes = max(1, nbytes // max(1, records)) * ds.batch_size * ds.steps_per_slot
     # Several workers: a run's unit u waits for unit u - S to be taken, which the run before it makes, so the
-    # workers' runs overlap as a pipeline; up to 2 S units a run kept W=2 at 0.8-0.9x of streaming through an S3
-    # server sharing 2 cores with them (S a run: 0.5-0.75x, its requests costing the server twice the CPU; 4 S:
-    # no better). One worker: only the units it may owe bound it.
+    # workers' runs overlap as a pipeline, and a run much past S leaves one waiting for the other's turn; up to
+    # 2 S a run, as larger requests cost a store less (python -m bench remote, docs/object_stores.md). One
+    # worker: only the units it may owe bound it.
     most = 2 * slots if workers > 1 else MAX_CLAIMS // 4
     return max(1, min(-(-READ_AHEAD_BYTES // unit_bytes), most, MAX_CLAIMS // 4))
 
 
 class ReadAhead:
     """The read-ahead depth of one worker (:meth:`batches`), from what it measured: each batch's read, from its
-    start to its last byte (:meth:`read_started`, :meth:`read_done`), and the worker's time per batch outside
+    start to its last byte (:meth:`read_done`), and the worker's time per batch outside
     the waits for reads (:meth:`handed_out`)."""
 
     def __init__(self, remote: bool, group: int = 1, per_slot: int = 1, max_bytes: int = MAX_READ_AHEAD_BYTES):
@@ -67,10 +67,6 @@ class ReadAhead:
     @staticmethod
     def _mean(old: float | None, new: float) -> float:
         return new if old is None else old + _SMOOTHING * (new - old)
-
-    def read_started(self) -> int:
-        """A token for :meth:`read_done`: the time a batch's reads started."""
-        return time.monotonic_ns()
 
     def read_done(self, started: int, done_ns: int, nbytes: int, batches: int = 1) -> None:
         """The reads of ``batches`` batches, started at ``started``, had their last byte at ``done_ns``

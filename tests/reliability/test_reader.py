@@ -545,6 +545,7 @@ def test_a_remote_file_is_read_in_ranges_requested_ahead_of_the_reader(monkeypat
 
 def test_a_remote_batchs_indexed_reads_are_in_flight_together_and_adjacent_batches_share_one(monkeypatch, tmp_path):
     from infeed.daemon.indexed_reads import IndexedFiles
+    from infeed.daemon.read_ahead import ReadAhead
     from infeed.tfrecord.index import build_index
 
     records = [bytes([k]) * (50 + k) for k in range(40)]
@@ -553,7 +554,7 @@ def test_a_remote_batchs_indexed_reads_are_in_flight_together_and_adjacent_batch
     index = build_index(str(local))
     store = SlowStore(local.read_bytes())
     monkeypatch.setattr(reader, "_filesystem", lambda uri: (store, uri.split("://", 1)[1]))
-    files = IndexedFiles(["mock://bucket/f.tfrecord"], [index])
+    files = IndexedFiles(["mock://bucket/f.tfrecord"], [index], ReadAhead(remote=True))
     order = [7, 3, 30, 12, 25, 0]                                  # six records, none adjacent: six reads
     try:
         first = files.start([(np.zeros(6, np.int64), np.array(order))])
