@@ -1,12 +1,14 @@
 import atexit
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # Multi-device code runs on 8 CPU "devices"; XLA reads this when JAX first starts, so set it before any import.
@@ -82,6 +84,30 @@ def pytest_runtest_makereport(item, call):
         state = _inherited_signal_state()
         if state:
             report.sections.append(("signal state", state))
+
+
+#: Where each test's CPU time goes, when set: a file per pytest process, ``<value>.<pid>.tsv``, a line a test with
+#: this process's CPU-seconds, its waited-for children's, the wall seconds and the test's id (where to look when
+#: the suite outgrows its 6 minutes: ``make test`` is CPU-bound on 2 cores, so its time is its CPU over 2).
+CPU_LOG = os.environ.get("INFEED_TEST_CPU_LOG")
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    own, waited = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, waited.ru_utime + waited.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not CPU_LOG:
+        yield
+        return
+    (own, waited), started = _cpu_seconds(), time.monotonic()
+    yield
+    own_after, waited_after = _cpu_seconds()
+    with open(f"{CPU_LOG}.{os.getpid()}.tsv", "a") as log:
+        log.write(f"{own_after - own:.2f}\t{waited_after - waited:.2f}\t{time.monotonic() - started:.2f}\t"
+                  f"{item.nodeid}\n")
 
 
 #: TensorFlow-written conformance files, beside the project's checkout.
