@@ -58,7 +58,7 @@ def test_loop_suite_on_one_device_quick(tmp_path, capsys):
     assert text.splitlines()[0] == (f"reproduce: python -m bench loop --repeats 1 --json {tmp_path / 'loop.json'} "
                                     "--quick --devices 1")
     _check(text, doc, [1], ["mlp", "tiny"], variants=False)
-    assert doc["params"]["steps"] == {"1": {"mlp": 100, "tiny": 2000}}
+    assert doc["params"]["steps"] == {"1": {"mlp": 100, "tiny": 1000}}
 
 
 def test_loop_suite_on_eight_devices_tiny_model_with_every_variant(tmp_path, capsys, monkeypatch):
