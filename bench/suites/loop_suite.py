@@ -138,7 +138,7 @@ def default_steps(model: str, devices: int, quick: bool = False) -> int:
     step), else 10,000 (1,000 with ``quick``: the fewest the loop of K=1,000 allows)."""
     if model == "mlp":
         return 100
-    return 1000 if devices > 1 else (1000 if quick else 10000)
+    return 1000 if devices > 1 or quick else 10000
 
 
 def figure_names(model: str, variants: bool = True) -> list[str]:
