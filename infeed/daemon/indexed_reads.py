@@ -14,6 +14,7 @@ from infeed.tfrecord.index import MAX_JOINED_READ, check_versions, indexed_runs,
 __all__ = ["IndexedFiles", "ReadGroup"]
 
 count_read = _tfrecord.count_read
+IndexedFrames = _tfrecord.IndexedFrames
 
 
 class IndexedFiles:
@@ -25,7 +26,8 @@ class IndexedFiles:
     read (up to :data:`~infeed.tfrecord.index.MAX_JOINED_READ` bytes), across the group's batches too. Remote files
     (URIs) are read with a group's reads in flight at once, on the reader's pool of threads, each group's read
     timed for ``read_ahead`` (:class:`~infeed.daemon.read_ahead.ReadAhead`); the time the worker waits for them,
-    and their bytes, count as the stage ``read``."""
+    and their bytes, count as the stage ``read``. A batch's records are given for the decoder to read where
+    they lie (:meth:`ReadGroup.frames`), or as memoryviews (:meth:`ReadGroup.records`, for images)."""
 
     def __init__(self, paths: list, indexes: list, read_ahead: ReadAhead):
         self._paths, self._indexes = paths, indexes
@@ -68,6 +70,17 @@ class ReadGroup:
 
     def records(self, j: int) -> list:
         """Batch ``j``'s records, in order, as memoryviews into the reads (the first call waits for them all)."""
+        runs, datas = self._batch(j)
+        return unframe_runs(runs, datas, self._files._paths, views=True)
+
+    def frames(self, j: int) -> IndexedFrames:
+        """Batch ``j``'s records for the decoder to read where they lie, each checked as it reads it (as
+        :meth:`records` checks them), with no object per record (the first call waits for the reads)."""
+        runs, datas = self._batch(j)
+        return IndexedFrames(runs, datas, self._files._paths)
+
+    def _batch(self, j: int) -> tuple[list, list]:
+        """Batch ``j``'s runs and the bytes read for each, once every read of the group has come."""
         files = self._files
         if self._datas is None:
             began = time.monotonic_ns()
@@ -87,7 +100,7 @@ class ReadGroup:
         check_versions(runs, files._handle)
         datas = [self._datas[span][run.base - self._spans[span][1]:][:run.size] for run, span in
                  zip(runs, self._span_of[j])]
-        return unframe_runs(runs, datas, files._paths, views=True)
+        return runs, datas
 
     def cancel(self) -> None:
         for future in self._futures or ():

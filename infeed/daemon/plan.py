@@ -400,16 +400,26 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict, read_ahead: ReadA
                 ahead.update((i, (group, j, place)) for j, (i, place) in enumerate(zip(taken, places)))
                 taken = []
             group, j, (chunk, file_of, within) = ahead.pop(index)
-            records = group.records(j)
             ids = (lambda file_of=file_of, within=within:
                    [(epoch, ds.file_number(paths[f]), k) for f, k in zip(file_of.tolist(), within.tolist())])
-            yield PlannedBatch(index, len(chunk), _parse_records(records, ids), _indexed_where(paths, found, file_of,
-                                                                                                within))
+            yield PlannedBatch(index, len(chunk), _read_indexed(group, j, len(chunk), ids),
+                               _indexed_where(paths, found, file_of, within))
     finally:
         for group in {id(group): group for group, _, _ in ahead.values()}.values():
             group.cancel()
         files.close()
     return batches
+
+
+def _read_indexed(group, j: int, count: int, ids: Callable[[], list]) -> Callable:
+    """``fill`` of batch ``j`` of a group of indexed reads (``count`` records): decoded where they lie in the
+    reads (:meth:`~infeed.daemon.indexed_reads.ReadGroup.frames`), or, where the parser decodes images, through a
+    memoryview per record."""
+    def fill(parser, out) -> tuple[int, int]:
+        if parser.reads_in_place:
+            return parser.read_into(group.frames(j), count, out)
+        return _parse_records(group.records(j), ids)(parser, out)
+    return fill
 
 
 def _indexed_where(paths: list, indexes: list, file_of: np.ndarray, within: np.ndarray) -> Callable[[int], tuple]:

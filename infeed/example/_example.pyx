@@ -33,7 +33,7 @@ cimport numpy as cnp
 
 from infeed.errors import DecodeError
 from infeed.example.halves cimport bfloat16_bits, float16_bits
-from infeed.tfrecord._tfrecord cimport RecordReader
+from infeed.tfrecord._tfrecord cimport Frames
 
 cnp.import_array()
 
@@ -878,10 +878,11 @@ cdef class CompiledSpec:
         if failed >= 0:
             raise self._error(&err, index_base + failed)
 
-    def decode_from(self, RecordReader reader not None, Py_ssize_t n, list values, list lengths, Py_ssize_t row0=0,
+    def decode_from(self, Frames reader not None, Py_ssize_t n, list values, list lengths, Py_ssize_t row0=0,
                     Py_ssize_t index_base=0):
-        """Reads up to ``n`` records from ``reader`` (both CRCs checked) and decodes each where it
-        lies in the reader's buffer, into rows ``row0...``: no bytes object, no copy of the record.
+        """Reads up to ``n`` records from ``reader`` (a ``RecordReader``, or ``IndexedFrames`` over reads by an
+        index; both CRCs checked) and decodes each where it lies in the reader's buffer, into rows ``row0...``:
+        no bytes object, no copy of the record.
 
         Returns ``(records decoded, their bytes)``; fewer than ``n`` only at the end of the stream.
         """

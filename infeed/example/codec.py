@@ -110,6 +110,12 @@ class ExampleParser:
         """Whether decoding draws random numbers per record: then ``ids`` name the records (see :meth:`parse`)."""
         return any(decoder.spec.random for _, decoder, _ in self._images)
 
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether :meth:`read_into` decodes every record where it lies, with no object per record (any spec
+        without an image), so it also takes an ``IndexedFrames`` (records read by an index's offsets)."""
+        return not self._images
+
     def allocate(self, batch_size: int) -> dict:
         """Zeroed output arrays for ``batch_size`` records, laid out as ``parse`` returns them."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 0:
@@ -153,7 +159,8 @@ class ExampleParser:
 
     def read_into(self, reader, n: int, out: dict, start: int = 0, index_base: int = 0,
                   origin: tuple | None = None) -> tuple[int, int]:
-        """Reads up to ``n`` records from ``reader`` (a :func:`infeed.read_records` reader) and
+        """Reads up to ``n`` records from ``reader`` (a :func:`infeed.read_records` reader; or, where
+        :attr:`reads_in_place`, an ``IndexedFrames``) and
         decodes each where it lies in the reader's buffer into rows ``start...`` of ``out``: the
         same values as ``parse(reader.read_batch(n), out)``, without a bytes object per record
         (with images, with one). ``origin``: ``(epoch, file)`` of the reader's file, for the

@@ -1,8 +1,12 @@
-# The record reader's C-level interface, for the decoder to read records in place (infeed/_example.pyx).
+# The C-level interface of the record sources, for the decoder to read records in place (infeed/example/_example.pyx).
 from libc.stdint cimport uint8_t, int64_t
 
 
-cdef class RecordReader:
+cdef class Frames:
+    cdef int next_frame(self, bint check_data, const uint8_t **data, Py_ssize_t *size) except -1
+
+
+cdef class RecordReader(Frames):
     cdef object source
     cdef object _readinto
     cdef uint8_t *buf

@@ -231,7 +231,10 @@ cdef int _check_frame(const uint8_t *p, Py_ssize_t avail, str path, int64_t reco
         raise CorruptRecordError(path, record_index, offset, "length_crc",
                                  f"length field reads {load_u64(p)}, the index says {length} (is it stale?)")
     cdef uint32_t want
-    with nogil:
+    if length >= NOGIL_BYTES:      # below this, releasing the GIL costs more than it frees
+        with nogil:
+            want = data_crc(p + HEADER, <Py_ssize_t>length)
+    else:
         want = data_crc(p + HEADER, <Py_ssize_t>length)
     if want != load_u32(p + HEADER + length):
         raise CorruptRecordError(path, record_index, offset, "data_crc",
@@ -278,6 +281,109 @@ def unframe_run(run, str path, int64_t first_index, int64_t base, const int64_t[
     return out
 
 
+cdef struct FramedRun:
+    const uint8_t *data         # the run's bytes as read, from file offset `base`
+    Py_ssize_t avail
+    int64_t base
+    int64_t first               # the file's record number of its first record
+    const int64_t *offsets      # per record, from the index: its header's file offset,
+    const int64_t *lengths      # its data length,
+    const uint32_t *crcs        # and its data CRC (NULL: a version-1 index has none)
+    Py_ssize_t count
+    Py_ssize_t file             # into the paths, for errors
+
+
+cdef class Frames:
+    """A source of checked records that the decoder reads where they lie (``CompiledSpec.decode_from``):
+    :class:`RecordReader` over a stream, :class:`IndexedFrames` over reads by an index's offsets."""
+
+    cdef int next_frame(self, bint check_data, const uint8_t **data, Py_ssize_t *size) except -1:
+        raise NotImplementedError
+
+
+cdef class IndexedFrames(Frames):
+    """The records of runs read by an index's offsets (``infeed.tfrecord.index.indexed_runs``: ``runs[i]``'s
+    bytes in ``datas[i]``), given to the decoder one by one where they lie, each checked as
+    :func:`unframe_run` checks it (its header against the index, both CRCs, its data CRC against the
+    indexed one), with no object per record."""
+
+    cdef list _keep             # what the pointers point into: the runs' arrays, the datas, the paths
+    cdef list _paths
+    cdef Py_buffer *_views
+    cdef FramedRun *_runs
+    cdef Py_ssize_t _nruns, _nviews, _run, _at
+    cdef readonly int64_t records_read
+
+    def __cinit__(self, list runs, list datas, list paths):
+        cdef Py_ssize_t i, count
+        cdef const int64_t[::1] offsets
+        cdef const int64_t[::1] lengths
+        cdef const uint32_t[::1] crcs
+        cdef FramedRun *r
+        if len(runs) != len(datas):
+            raise ValueError(f"{len(runs)} runs and {len(datas)} reads")
+        self._paths = paths
+        self._keep = [runs, datas]
+        self._runs = <FramedRun *>PyMem_Malloc(sizeof(FramedRun) * max(len(runs), 1))
+        self._views = <Py_buffer *>PyMem_Malloc(sizeof(Py_buffer) * max(len(runs), 1))
+        if self._runs == NULL or self._views == NULL:
+            raise MemoryError()
+        for i, run in enumerate(runs):
+            r = &self._runs[self._nruns]
+            offsets, lengths = run.offsets, run.lengths
+            count = offsets.shape[0]
+            if lengths.shape[0] != count or not 0 <= run.file < len(paths):
+                raise ValueError(f"run {i}: {count} offsets, {lengths.shape[0]} lengths, file {run.file}")
+            if count == 0:
+                continue
+            r.crcs = NULL
+            if run.data_crcs is not None:
+                crcs = run.data_crcs
+                if crcs.shape[0] != count:
+                    raise ValueError(f"run {i}: {count} offsets and {crcs.shape[0]} data CRCs")
+                r.crcs = &crcs[0]
+            r.offsets, r.lengths, r.count = &offsets[0], &lengths[0], count
+            r.base, r.first, r.file = run.base, run.first, run.file
+            PyObject_GetBuffer(datas[i], &self._views[self._nviews], PyBUF_SIMPLE)
+            self._nviews += 1
+            r.data, r.avail = <const uint8_t *>self._views[self._nviews - 1].buf, self._views[self._nviews - 1].len
+            self._nruns += 1
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self._views != NULL:
+            for i in range(self._nviews):
+                PyBuffer_Release(&self._views[i])
+        PyMem_Free(self._views)
+        PyMem_Free(self._runs)
+
+    cdef int next_frame(self, bint check_data, const uint8_t **data, Py_ssize_t *size) except -1:
+        cdef FramedRun *r
+        cdef Py_ssize_t i
+        cdef int64_t at, length
+        cdef uint32_t stored
+        while self._run < self._nruns and self._at == self._runs[self._run].count:
+            self._run += 1
+            self._at = 0
+        if self._run == self._nruns:
+            return 0
+        r, i = &self._runs[self._run], self._at
+        path = self._paths[r.file]
+        at, length = r.offsets[i] - r.base, r.lengths[i]
+        if at < 0 or at >= r.avail:      # nothing read there
+            _check_frame(NULL, 0, path, r.first + i, r.offsets[i], length)
+        _check_frame(r.data + at, r.avail - at, path, r.first + i, r.offsets[i], length)
+        if r.crcs != NULL:
+            stored = load_u32(r.data + at + HEADER + length)
+            if stored != r.crcs[i]:
+                raise SourceChangedError(path, r.crcs[i], stored, r.offsets[i], r.first + i)
+        data[0] = r.data + at + HEADER
+        size[0] = <Py_ssize_t>length
+        self._at += 1
+        self.records_read += 1
+        return 1
+
+
 def looks_like_tfrecord(head):
     """True when ``head`` (at least 12 bytes) starts with a valid TFRecord header."""
     cdef const uint8_t[:] b = head
@@ -286,7 +392,7 @@ def looks_like_tfrecord(head):
     return header_ok(&b[0])
 
 
-cdef class RecordReader:
+cdef class RecordReader(Frames):
     """Iterates over the records of one TFRecord stream, checking both CRCs.
 
     ``source`` is a binary stream with ``readinto`` (or ``read``); ``size`` is

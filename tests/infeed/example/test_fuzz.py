@@ -16,6 +16,7 @@ import pytest
 import infeed
 from infeed import Bytes, FixedLen, Padded, VarLen
 from infeed.tfrecord import _tfrecord
+from infeed.tfrecord.index import RecordIndex, indexed_runs
 
 import image_seeds
 import reference as ref
@@ -494,6 +495,40 @@ def test_randomly_mutated_tfrecord_files_only_raise_corrupt_record_error(tmp_pat
         except infeed.CorruptRecordError as e:
             assert e.record_index == len(got) and e.path == str(path)
         assert got == kept[:len(got)], data
+
+
+def test_mutated_files_read_through_a_clean_index_give_the_indexed_records_or_a_named_error():
+    """What a worker decodes where records lie in its reads (``IndexedFrames``): an index built before the file
+    was damaged, or before a read was cut short, gives exactly the indexed records up to the first one that
+    differs, which raises CorruptRecordError or SourceChangedError naming it, never another record."""
+    rng = random.Random(11)
+    parser = infeed.ExampleParser({"x": Bytes(max_bytes=400, default=b"")})
+    for _ in range(n_cases(400)):
+        values = [rng.randbytes(rng.choice([0, 3, 50, 300])) for _ in range(rng.randint(1, 5))]
+        records = [infeed.encode_example({"x": v}) for v in values]
+        clean = b"".join(_tfrecord.frame(r) for r in records)
+        lengths = np.array([len(r) for r in records], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths + 16)[:-1]]).astype(np.int64)
+        crcs = np.array([_tfrecord.masked_crc32c(r) for r in records], np.uint32)
+        index = RecordIndex("f", len(clean), offsets, lengths, crcs if rng.random() < 0.7 else None)
+        data = mutate(rng, clean)
+        wanted = rng.sample(range(len(records)), rng.randint(1, len(records)))     # the rows' records, in order
+        runs = indexed_runs([index].__getitem__, [0] * len(wanted), wanted, max_joined=rng.choice([1, 64, 1 << 20]))
+        frames = _tfrecord.IndexedFrames(runs, [data[run.base:run.base + run.size] for run in runs], ["f"])
+        out = parser.allocate(len(wanted))
+        try:
+            count, _ = parser.read_into(frames, len(wanted), out)
+            assert count == len(wanted), (data, wanted)
+        except (infeed.CorruptRecordError, infeed.SourceChangedError) as e:
+            count, k = frames.records_read, wanted[frames.records_read]
+            assert (e.path, e.record_index, e.offset) == ("f", k, offsets[k]), (data, wanted, e)
+        except infeed.DecodeError:              # a frame whose CRCs verify, of another record (no CRCs indexed)
+            assert index.data_crcs is None, (data, wanted)
+            count = 0
+        if index.data_crcs is not None:        # every row decoded is its indexed record's
+            for row in range(count):
+                got = bytes(out["x"].values[row, :out["x"].lengths[row]])
+                assert got == values[wanted[row]], (data, wanted, row)
 
 
 def _is_subsequence(items, of):

@@ -13,7 +13,8 @@ import infeed
 from infeed.commands.cli import main
 from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import RecordIndex, build_index, index_path, load_index, read_indexed, write_index
+from infeed.tfrecord.index import (RecordIndex, build_index, index_path, indexed_runs, load_index, read_indexed,
+                                  write_index)
 from tfrecord_files import write_records
 
 RECORDS = [infeed.encode_example({"x": list(range(n)), "id": b"r%d" % n}) for n in (0, 1, 7, 300)] + [b"", b"z"]
@@ -245,6 +246,65 @@ def test_read_indexed_names_the_first_record_a_short_read_cuts_or_a_damaged_one(
     assert (info.value.path, info.value.record_index, info.value.kind) == (path, 2, "data_crc")
     with pytest.raises(ValueError, match="offsets"):
         _tfrecord.unframe_run(data, path, 0, 0, index.offsets[:2], index.lengths[:3])
+
+
+SPEC = {"x": infeed.VarLen("int64", max_len=300), "id": infeed.Bytes(max_bytes=8, default=b"")}
+
+
+def _decode_in_place(paths, indexes, files, records, read_at, spec=None):
+    """Records ``records[i]`` of ``files[i]`` decoded where they lie in their reads (``IndexedFrames``), as a
+    worker decodes an indexed batch without images."""
+    parser = infeed.ExampleParser(spec or SPEC)
+    runs = indexed_runs(indexes.__getitem__, files, records)
+    frames = _tfrecord.IndexedFrames(runs, [read_at(run.file, run.base, run.size) for run in runs], list(paths))
+    out = parser.allocate(len(records))
+    assert parser.reads_in_place
+    return parser.read_into(frames, len(records), out), out, frames
+
+
+def test_indexed_frames_decode_each_record_where_it_lies_as_the_records_would(tmp_path):
+    paths = [_write(tmp_path / "a.tfrecord"), _write(tmp_path / "b.tfrecord", RECORDS[::-1])]
+    indexes = [build_index(p) for p in paths]
+    datas = [Path(p).read_bytes() for p in paths]
+    files, records = [0, 0, 0, 1, 1, 0, 0, 1], [1, 2, 3, 1, 2, 0, 0, 4]   # runs 1-3, 1-2, 0, 0, 4
+    read_at = lambda f, offset, size: datas[f][offset:offset + size]
+    (count, nbytes), out, frames = _decode_in_place(paths, indexes, files, records, read_at)
+    want = read_indexed(read_at, paths, indexes.__getitem__, files, records)
+    assert (count, nbytes, frames.records_read) == (8, sum(map(len, want)), 8)
+    parsed = infeed.ExampleParser(SPEC).parse(want)
+    for name in out:
+        assert np.array_equal(out[name].values, parsed[name].values)
+        assert np.array_equal(out[name].lengths, parsed[name].lengths)
+    image = infeed.ExampleParser({"image": infeed.Image((4, 4), key="id")})
+    assert not image.reads_in_place                          # images need a memoryview each (ReadGroup.records)
+
+
+def test_indexed_frames_name_a_short_read_a_damaged_record_and_one_of_another_version(tmp_path):
+    path = _write(tmp_path / "d.tfrecord")
+    index = build_index(path)
+    data = Path(path).read_bytes()
+    cut = int(index.offsets[3]) + 20                         # record 3's frame cut after 20 bytes
+    with pytest.raises(infeed.CorruptRecordError) as info:
+        _decode_in_place([path], [index], [0] * 5, range(5), lambda f, offset, size: data[offset:min(offset + size, cut)])
+    assert (info.value.path, info.value.record_index, info.value.offset, info.value.kind) == (
+        path, 3, int(index.offsets[3]), "truncated_data")
+    damaged = bytearray(data)
+    damaged[int(index.offsets[2]) + 12] ^= 1                 # record 2's first data byte
+    with pytest.raises(infeed.CorruptRecordError) as info:
+        _decode_in_place([path], [index], [0] * 5, range(5), lambda f, offset, size: bytes(damaged[offset:offset + size]))
+    assert (info.value.record_index, info.value.kind) == (2, "data_crc")
+    other = infeed.encode_example({"x": [9] * 7, "id": b"r7"})  # same length, both CRCs valid, another record
+    replaced = bytearray(data)
+    start = int(index.offsets[2])
+    replaced[start:start + 16 + len(other)] = _tfrecord.frame(other)
+    with pytest.raises(infeed.SourceChangedError) as caught:
+        _decode_in_place([path], [index], [0] * 4, range(4), lambda f, offset, size: bytes(replaced[offset:offset + size]))
+    assert (caught.value.path, caught.value.record_index, caught.value.offset) == (path, 2, start)
+    runs = indexed_runs([index].__getitem__, [0, 0], [0, 1])
+    with pytest.raises(ValueError, match="1 runs and 0 reads"):
+        _tfrecord.IndexedFrames(runs, [], [path])
+    with pytest.raises(ValueError, match="file 0"):
+        _tfrecord.IndexedFrames(runs, [data[:runs[0].size]], [])
 
 
 def test_a_corrupt_data_file_raises_naming_the_file_and_offset(tmp_path):
