@@ -9,7 +9,7 @@ import time
 
 from infeed.daemon.read_ahead import ReadAhead
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import MAX_JOINED_READ, check_versions, indexed_runs, open_indexed, unframe_runs
+from infeed.tfrecord.index import MAX_JOINED_READ, batch_runs, check_versions, open_indexed, unframe_runs
 
 __all__ = ["IndexedFiles", "ReadGroup"]
 
@@ -34,10 +34,14 @@ class IndexedFiles:
         self._read_ahead = read_ahead
         self._open: dict = {}
 
-    def start(self, batches: list) -> "ReadGroup":
-        """Starts reading the records of ``batches`` (each ``(files, records)``: record ``records[i]`` of file
-        ``files[i]``, positions in ``paths``), where the files are remote."""
-        runs = [indexed_runs(self._indexes.__getitem__, files, records) for files, records in batches]
+    def runs(self, files, records, batch_size: int) -> list:
+        """The runs of reads (:func:`~infeed.tfrecord.index.batch_runs`) of each batch of ``batch_size`` of
+        records ``records[i]`` of file ``files[i]`` (positions in ``paths``)."""
+        return batch_runs(self._indexes.__getitem__, files, records, batch_size)
+
+    def start(self, runs: list) -> "ReadGroup":
+        """Starts reading the records of a few batches (``runs[j]``: batch ``j``'s, as :meth:`runs` gives them),
+        where the files are remote."""
         return ReadGroup(self, runs, self._read_ahead.remote)
 
     def _handle(self, f: int):

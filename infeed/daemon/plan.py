@@ -14,6 +14,7 @@ into the ring slot, with no bytes object in between.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
@@ -26,6 +27,9 @@ __all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "epoch_paths", "epoc
 
 #: Random draws fetched at a time by a shuffle buffer.
 _DRAW_BLOCK = 4096
+#: Batches whose records an indexed epoch places at a time (their files, their numbers there, the runs of reads
+#: that fetch them: a few numpy calls for all of them, rather than per batch).
+_PLACE_BLOCK = 64
 
 
 def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
@@ -368,10 +372,18 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict, read_ahead: ReadA
     batches = len(order) // size + (ds.final_batch == "pad" and len(order) % size > 0)
     files = IndexedFiles(paths, found, read_ahead)
 
-    def records_of(index: int):
-        chunk = order[index * size:(index + 1) * size]
+    @functools.lru_cache(maxsize=2)           # the block being read, and the one before (a group may span two)
+    def block(b: int) -> tuple:
+        chunk = order[b * _PLACE_BLOCK * size:(b + 1) * _PLACE_BLOCK * size]
         file_of = np.searchsorted(starts, chunk, side="right") - 1
-        return chunk, file_of, chunk - starts[file_of]
+        within = chunk - starts[file_of]
+        return file_of, within, files.runs(file_of, within, size)
+
+    def records_of(index: int):
+        """Batch ``index``'s records: their files, their numbers in them, and the runs of reads that fetch them."""
+        file_of, within, runs = block(index // _PLACE_BLOCK)
+        j = index % _PLACE_BLOCK
+        return file_of[j * size:(j + 1) * size], within[j * size:(j + 1) * size], runs[j]
 
     ahead: dict = {}                          # owned batch -> (its group's reads, started; its place in them)
     known: collections.deque = collections.deque()    # owned batches from `index` on, found so far
@@ -396,13 +408,13 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict, read_ahead: ReadA
             # each other), or at once for the batch decoded next.
             if taken and (len(taken) >= read_ahead.group or taken[0] == index):
                 places = [records_of(i) for i in taken]
-                group = files.start([(file_of, within) for _, file_of, within in places])
+                group = files.start([runs for _, _, runs in places])
                 ahead.update((i, (group, j, place)) for j, (i, place) in enumerate(zip(taken, places)))
                 taken = []
-            group, j, (chunk, file_of, within) = ahead.pop(index)
+            group, j, (file_of, within, _) = ahead.pop(index)
             ids = (lambda file_of=file_of, within=within:
                    [(epoch, ds.file_number(paths[f]), k) for f, k in zip(file_of.tolist(), within.tolist())])
-            yield PlannedBatch(index, len(chunk), _read_indexed(group, j, len(chunk), ids),
+            yield PlannedBatch(index, len(within), _read_indexed(group, j, len(within), ids),
                                _indexed_where(paths, found, file_of, within))
     finally:
         for group in {id(group): group for group, _, _ in ahead.values()}.values():

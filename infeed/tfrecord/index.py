@@ -37,8 +37,8 @@ from infeed.tfrecord.reader import (_EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, 
                                     open_random_access, read_records)
 from infeed.tfrecord.text_index import TEXT_INDEX_SUFFIXES, looks_like_text_index, parse_text_index, text_index_limit
 
-__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "IndexedRun", "RecordIndex", "build_index", "check_versions",
-           "compression_of",
+__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "IndexedRun", "RecordIndex", "batch_runs", "build_index",
+           "check_versions", "compression_of",
            "index_path", "indexed_runs", "is_index_file", "load_index", "open_indexed", "read_indexed", "unframe_runs",
            "write_index"]
 
@@ -298,27 +298,48 @@ def indexed_runs(index_of: Callable[[int], RecordIndex], files, records,
                  max_joined: int = MAX_JOINED_READ) -> list[IndexedRun]:
     """The reads that fetch record ``records[i]`` of file ``files[i]``, in that order: records that follow each
     other in a file and in ``records`` share a read of up to ``max_joined`` bytes (one record at least)."""
+    return batch_runs(index_of, files, records, max(len(records), 1), max_joined)[0] if len(records) else []
+
+
+def batch_runs(index_of: Callable[[int], RecordIndex], files, records, batch_size: int,
+               max_joined: int = MAX_JOINED_READ) -> list[list[IndexedRun]]:
+    """:func:`indexed_runs` of each batch of ``batch_size`` consecutive entries of ``files`` and ``records`` (the
+    last batch may be shorter), found for all of them at once: a planner's few numpy calls for many batches,
+    and a few Python steps per run."""
     files, records = np.asarray(files, np.int64), np.asarray(records, np.int64)
     n = len(records)
     if n == 0:
         return []
-    cuts = (np.flatnonzero((files[1:] != files[:-1]) | (records[1:] != records[:-1] + 1)) + 1).tolist()
-    runs = []
-    for a, b in zip([0, *cuts], [*cuts, n]):
-        f, k = int(files[a]), int(records[a])
-        index = index_of(f)
-        offsets, lengths = index.offsets[k:k + b - a], index.lengths[k:k + b - a]
-        crcs = None if index.data_crcs is None else index.data_crcs[k:k + b - a]
-        ends = offsets + lengths + _FRAMING
+    cut = np.empty(n, bool)
+    cut[0] = True
+    np.not_equal(files[1:], files[:-1], out=cut[1:])
+    cut[1:] |= records[1:] != records[:-1] + 1
+    cut[::batch_size] = True
+    firsts = np.flatnonzero(cut)
+    out: list = [[] for _ in range((n + batch_size - 1) // batch_size)]
+    for a, b, f, k in zip(firsts.tolist(), [*firsts[1:].tolist(), n], files[firsts].tolist(),
+                          records[firsts].tolist()):
+        index, count = index_of(f), b - a
+        offsets, lengths = index.offsets, index.lengths
+        crcs = index.data_crcs
+        base = int(offsets[k])
+        last = k + count - 1
+        size = int(offsets[last]) + int(lengths[last]) + _FRAMING - base
+        runs = out[a // batch_size]
+        if size <= max_joined or count == 1:
+            runs.append(IndexedRun(f, k, base, size, offsets[k:k + count], lengths[k:k + count],
+                                   None if crcs is None else crcs[k:k + count]))
+            continue
+        ends = offsets[k:k + count] + lengths[k:k + count] + _FRAMING
         first = 0
-        while first < b - a:
-            last = b - a if ends[-1] - offsets[first] <= max_joined else \
-                max(first + 1, int(np.searchsorted(ends, offsets[first] + max_joined, side="right")))
-            base = int(offsets[first])
-            runs.append(IndexedRun(f, k + first, base, int(ends[last - 1]) - base, offsets[first:last],
-                                   lengths[first:last], None if crcs is None else crcs[first:last]))
-            first = last
-    return runs
+        while first < count:
+            end = count if ends[-1] - offsets[k + first] <= max_joined else \
+                max(first + 1, int(np.searchsorted(ends, offsets[k + first] + max_joined, side="right")))
+            base = int(offsets[k + first])
+            runs.append(IndexedRun(f, k + first, base, int(ends[end - 1]) - base, offsets[k + first:k + end],
+                                   lengths[k + first:k + end], None if crcs is None else crcs[k + first:k + end]))
+            first = end
+    return out
 
 
 def unframe_runs(runs: Sequence[IndexedRun], datas: Sequence, paths: Sequence[str], views: bool = False) -> list:

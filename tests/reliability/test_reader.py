@@ -557,14 +557,14 @@ def test_a_remote_batchs_indexed_reads_are_in_flight_together_and_adjacent_batch
     files = IndexedFiles(["mock://bucket/f.tfrecord"], [index], ReadAhead(remote=True))
     order = [7, 3, 30, 12, 25, 0]                                  # six records, none adjacent: six reads
     try:
-        first = files.start([(np.zeros(6, np.int64), np.array(order))])
-        second = files.start([(np.zeros(2, np.int64), np.array([20, 21]))])        # adjacent: one read
+        first = files.start(files.runs(np.zeros(6, np.int64), np.array(order), 6))
+        second = files.start(files.runs(np.zeros(2, np.int64), np.array([20, 21]), 2))       # adjacent: one read
         assert [bytes(r) for r in first.records(0)] == [records[k] for k in order]
         assert [bytes(r) for r in second.records(0)] == records[20:22]
         assert len(store.ranges) == 7 and store.most_in_flight > 1
         # Three batches started together whose records follow each other in the file: one read, each batch's
         # records apart.
-        group = files.start([(np.zeros(3, np.int64), np.arange(k, k + 3)) for k in (31, 34, 37)])
+        group = files.start(files.runs(np.zeros(9, np.int64), np.arange(31, 40), 3))
         assert [[bytes(r) for r in group.records(j)] for j in range(3)] == [records[31:34], records[34:37],
                                                                             records[37:40]]
         assert len(store.ranges) == 8

@@ -290,13 +290,13 @@ def test_through_an_index_a_batch_is_one_read_and_a_damaged_record_is_named(inde
     from infeed.tfrecord.index import load_index
 
     reads = []
-    real = indexed_reads.indexed_runs
+    real = indexed_reads._spans
 
-    def counted(*args, **kwargs):                    # each run planned is one read
-        runs = real(*args, **kwargs)
-        reads.extend(run.size for run in runs)
-        return runs
-    monkeypatch.setattr(indexed_reads, "indexed_runs", counted)
+    def counted(runs):                               # the requests of a group of batches' reads
+        spans = real(runs)
+        reads.extend(size for _, _, size in spans[0])
+        return spans
+    monkeypatch.setattr(indexed_reads, "_spans", counted)
     ds = Dataset(indexed, SPEC, batch_size=10, num_epochs=1)
     parser, ids = infeed.ExampleParser(SPEC), []
     for planned in plan.epoch_batches(ds, 0, 0, lambda index, ahead=False: index % 2 == 0, ds.indexes()):  # a worker of 2
