@@ -352,7 +352,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     sizes = framed_sizes(ds.path)
     n_batches = len(sizes) // b
     all_records, all_bytes = n_batches * b, sum(sizes[:n_batches * b])
-    # The streamed daemon, as named: never indexed for it (build_indexes="auto" would from W=4), the indexed one apart.
+    # The streamed daemon, as named: never indexed for it (build_indexes="auto" would from W=2), the indexed one apart.
     dataset = infeed.Dataset(ds.path, spec, batch_size=b, num_epochs=1, build_indexes=False)
     check_same_batches(ds, dataset, max(workers))
     refused = {w: why for w in workers if (why := steady_refusal(w, n_batches))}

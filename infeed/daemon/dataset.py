@@ -58,9 +58,11 @@ __all__ = ["Dataset", "PADDING_KEY"]
 _log = logging.getLogger("infeed")
 
 #: With ``build_indexes="auto"``, the workers from which a Daemon over local files builds their missing indexes:
-#: on the 16-CPU host (docs/bench/h100-host) streamed reading peaked at W=4 on ImageNet-sized records (1.7x, 6.1x
-#: indexed at W=15), and on 2 cores the indexed path was 0.71-0.80x of the streamed one at W=1.
-LOCAL_BUILD_WORKERS = 4
+#: with two, each streaming worker still reads every record, and on 2 cores the indexed path (its batches decoded
+#: where they lie in the reads) ran at 1.5-1.7x of the streamed one on mnist and 0.93-1.13x on criteo (``python -m
+#: bench infeed --workers 1,2``, four runs); on the 16-CPU host (docs/bench/h100-host) streamed reading peaked at W=4 on ImageNet-sized records
+#: (1.7x, 6.1x indexed at W=15). One worker reads every record either way: it streams.
+LOCAL_BUILD_WORKERS = 2
 #: With ``build_indexes="auto"``, the mean size of ``gs://`` objects from which a Daemon of 2 workers or more builds
 #: their indexes: pyarrow opens each object with a download of the whole of it, which its reads by offset then
 #: leave, so every worker's open of an object brings what the socket buffers take (4 MB measured through a relay
@@ -253,9 +255,8 @@ class Dataset:
     def _indexes_pay(self, num_workers: int) -> bool:
         """Whether, with ``build_indexes="auto"``, building this host's missing indexes saves reads: a global
         shuffle needs them; without them each of several workers streams every object behind a URI (W times
-        the egress); local files stream from the page cache, where one worker's reads cost little and the
-        indexed path's per-batch work made W=1 and W=2 slower on 2 cores (docs/diagnostics.md), so from
-        LOCAL_BUILD_WORKERS on."""
+        the egress); local files from LOCAL_BUILD_WORKERS on (one worker reads every record either way, and
+        streams from the page cache)."""
         if self.shuffle == "global":
             return True
         if num_workers < 2:

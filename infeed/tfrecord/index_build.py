@@ -54,7 +54,16 @@ def compressed_files(paths: Sequence[str], compression: str | None = "auto",
     if compression != "auto":
         return list(paths) if compression else []
     with ThreadPoolExecutor(max(1, min(threads, len(paths)))) as pool:
-        return [path for path, kind in zip(paths, pool.map(compression_of, paths)) if kind is not None]
+        return [path for path, kind in zip(paths, pool.map(_compression_of, paths)) if kind is not None]
+
+
+def _compression_of(path: str) -> str | None:
+    """:func:`~infeed.tfrecord.index.compression_of`, None for a file gone (:func:`build_indexes` leaves it out,
+    and reading it names it, at its batch)."""
+    try:
+        return compression_of(path)
+    except FileNotFoundError:
+        return None
 
 
 def build_indexes(paths: Sequence[str], index_dir: str, threads: int = BUILD_THREADS) -> BuildResult:

@@ -65,10 +65,13 @@ def cached_index_path(index_dir, identity: tuple[str, int, int]) -> str:
 
 def load_cached_index(path, index_dir) -> RecordIndex | None:
     """The index of ``path`` from its entry in ``index_dir``, or None when there is none for the file as it is
-    now. Raises :class:`~infeed.errors.IndexFileError` naming a damaged entry."""
+    now (or no such file). Raises :class:`~infeed.errors.IndexFileError` naming a damaged entry."""
     if not os.path.isdir(index_dir):        # nothing kept: no look-up of the file (a round trip for a bucket's)
         return None
-    identity = data_identity(path)
+    try:
+        identity = data_identity(path)
+    except FileNotFoundError:               # gone: nothing to read it by (reading it names it, at its batch)
+        return None
     entry = cached_index_path(index_dir, identity)
     if not os.path.exists(entry):
         return None

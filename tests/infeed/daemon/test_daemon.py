@@ -333,9 +333,9 @@ def test_global_shuffle_is_a_seeded_permutation_whatever_the_workers(indexed):
     assert head + ids_of(collect(ds, num_workers=1, state=state)) == one
 
 
-def test_global_shuffle_without_an_index_or_with_a_stale_one_is_refused(files, indexed):
+def test_global_shuffle_without_an_index_or_with_a_stale_one_is_refused(files, indexed, tmp_path):
     with pytest.raises(ValueError, match="infeed index"):           # by default the index is built for it instead
-        Daemon(Dataset(files, SPEC, batch_size=10, shuffle="global", build_indexes=False))
+        Daemon(Dataset(files, SPEC, batch_size=10, shuffle="global", build_indexes=False, index_dir=tmp_path))
     with open(indexed[1], "ab") as f:
         f.write(open(files[0], "rb").read()[:100])
     with pytest.raises(infeed.errors.IndexFileError, match="stale|size"):

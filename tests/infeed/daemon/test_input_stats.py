@@ -127,7 +127,7 @@ def data(tmp_path_factory):
 
 @pytest.mark.parametrize("compression", [None, "GZIP"])
 def test_a_daemon_reports_every_stage(data, compression):
-    ds = Dataset(data[compression], SPEC, batch_size=50, num_epochs=1)
+    ds = Dataset(data[compression], SPEC, batch_size=50, num_epochs=1, build_indexes=False)    # streamed
     with Daemon(ds, num_workers=2, slots=4, lock_memory=False) as feed:
         taken = sum(1 for _ in feed)
         s = feed.stats()
