@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from bench.harness.results import Figure
 
-__all__ = ["Case", "Measurement", "interleave", "settle_allocator", "pinned_to_one_cpu", "log"]
+__all__ = ["Case", "Measurement", "heap_frozen", "interleave", "settle_allocator", "pinned_to_one_cpu", "log"]
 
 
 def log(message: str) -> None:
@@ -74,23 +74,38 @@ def interleave(cases: Sequence[Case], repeats: int, warmup: int = 1) -> list[Mea
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     out = [Measurement(c) for c in cases]
-    for rep in range(warmup + repeats):
-        for m in out:
-            gc.collect()
-            was_enabled = gc.isenabled()
-            gc.disable()
-            try:
-                t0 = time.perf_counter()
-                done = m.case.run()
-                dt = time.perf_counter() - t0
-            finally:
-                if was_enabled:
-                    gc.enable()
-            if done != m.case.records:
-                raise RuntimeError(f"case {m.case.name!r} handled {done} records, expected {m.case.records}")
-            if rep >= warmup:
-                m.seconds.append(dt)
+    with heap_frozen():
+        for rep in range(warmup + repeats):
+            for m in out:
+                gc.collect()
+                was_enabled = gc.isenabled()
+                gc.disable()
+                try:
+                    t0 = time.perf_counter()
+                    done = m.case.run()
+                    dt = time.perf_counter() - t0
+                finally:
+                    if was_enabled:
+                        gc.enable()
+                if done != m.case.records:
+                    raise RuntimeError(f"case {m.case.name!r} handled {done} records, expected {m.case.records}")
+                if rep >= warmup:
+                    m.seconds.append(dt)
     return out
+
+
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """Collects once, then moves every object alive out of the collector's sight (``gc.freeze``) until the end,
+    so that the collections between timed runs look only at what the runs made: over a large heap (a bench
+    that loaded its data, or one run by the test suite's process, 34 ms each) a full collection costs more than
+    many of the runs it separates."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def settle_allocator(nbytes: int = 24 << 20) -> None:

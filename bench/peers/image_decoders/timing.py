@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from bench.harness import Case
+from bench.harness import Case, heap_frozen
 from bench.peers.image_decoders.checks import mae
 from bench.peers.image_decoders.libraries import OUT, centre_crop, resizers, scale_eighths
 
@@ -96,19 +96,20 @@ def interleave_cpu(cases, repeats: int, warmup: int = 1):
     import gc
 
     out = [([], []) for _ in cases]
-    for rep in range(warmup + repeats):
-        for case, (wall, cpu) in zip(cases, out):
-            gc.collect()
-            gc.disable()
-            try:
-                w0, c0 = time.perf_counter(), time.process_time()
-                done = case.run()
-                c1, w1 = time.process_time(), time.perf_counter()
-            finally:
-                gc.enable()
-            if done != case.records:
-                raise RuntimeError(f"case {case.name!r} handled {done} images, expected {case.records}")
-            if rep >= warmup:
-                wall.append(w1 - w0)
-                cpu.append(c1 - c0)
+    with heap_frozen():
+        for rep in range(warmup + repeats):
+            for case, (wall, cpu) in zip(cases, out):
+                gc.collect()
+                gc.disable()
+                try:
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    done = case.run()
+                    c1, w1 = time.process_time(), time.perf_counter()
+                finally:
+                    gc.enable()
+                if done != case.records:
+                    raise RuntimeError(f"case {case.name!r} handled {done} images, expected {case.records}")
+                if rep >= warmup:
+                    wall.append(w1 - w0)
+                    cpu.append(c1 - c0)
     return out
