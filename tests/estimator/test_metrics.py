@@ -7,11 +7,22 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from sklearn.metrics import average_precision_score, roc_auc_score
 
 from estimator import metrics as M
 
 B = 120
+
+
+def roc_auc_score(*args, **kwargs):
+    """scikit-learn's, imported when a test calls it (the import costs ~1 s in every test process that collects
+    this file)."""
+    from sklearn.metrics import roc_auc_score as score
+    return score(*args, **kwargs)
+
+
+def average_precision_score(*args, **kwargs):
+    from sklearn.metrics import average_precision_score as score
+    return score(*args, **kwargs)
 
 
 def data(seed=0, n=B):
