@@ -72,6 +72,9 @@ _ADVICE = {
              "the indexes before the first epoch, `infeed index` writes them), with which workers read only "
              "their own batches, or use fewer workers",
 }
+#: In place of the advice to index, where the workers read only their own records (through an index, or one alone).
+_OWN_RECORDS = ("each reads only its own records already, so that time is per batch: spread it over more records "
+                "(a larger batch_size, or several batches in a slot: steps_per_slot)")
 #: In place of the advice to index, for compressed files: GZIP and ZLIB streams have no random access.
 _COMPRESSED = ("the files are compressed (GZIP/ZLIB), which no index can serve (no random access), so each worker "
                "inflates every record: store them uncompressed, or use fewer workers")
@@ -237,6 +240,12 @@ class InputStats:
                               f"with which workers read only their own batches")
             if top in ("read", "other", "inflate") and "index" in advice and self.compressed:
                 advice = _COMPRESSED
+            read_bytes = sum(w.read_bytes for w in self.workers)
+            if top == "other" and not self.compressed and 0 < read_bytes < PASSING_READS * sum(
+                    w.bytes for w in self.workers):      # no worker moves past another's records: the rest is per batch
+                doing = (f"workers spend {100 * work[top]:.0f} % outside reading, checking and decoding (planning, "
+                         f"taking batches and handing them over)")
+                advice = _OWN_RECORDS
             return f"input-bound: {waited}; {doing}: {advice}"
         if idle >= IDLE_WORKERS:
             return (f"trainer-bound: {waited}; workers wait {100 * idle:.0f} % of theirs for a free slot: "

@@ -160,6 +160,17 @@ def test_workers_reading_every_record_to_decode_their_share_are_told_to_write_an
     assert "storage is the limit" in stats(four[:1], wait=5.0, cpus=8).bottleneck()        # one worker passes none
 
 
+def test_workers_that_read_only_their_own_records_are_not_told_to_index_for_their_other_time():
+    indexed = [worker(index=k, read=1.0, decode=2.0, read_bytes=10**6) for k in range(2)]   # each read what it decoded
+    said = stats(indexed, wait=5.0, cpus=8).bottleneck()
+    assert said.endswith("workers spend 70 % outside reading, checking and decoding (planning, taking batches and "
+                         "handing them over): each reads only its own records already, so that time is per batch: "
+                         "spread it over more records (a larger batch_size, or several batches in a slot: "
+                         "steps_per_slot)")
+    streaming = [worker(index=k, read=1.0, decode=2.0, read_bytes=2 * 10**6) for k in range(2)]    # each read all
+    assert "index the files" in stats(streaming, wait=5.0, cpus=8).bottleneck()
+
+
 def test_workers_inflating_every_record_of_compressed_files_are_told_no_index_serves_them():
     four = [worker(index=k, read=6.0, decode=2.0, read_bytes=4 * 10**6, compressed_bytes=10**6) for k in range(4)]
     said = stats(four, wait=5.0, cpus=8).bottleneck()
