@@ -11,10 +11,31 @@ from infeed.daemon.read_ahead import ReadAhead
 from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.index import MAX_JOINED_READ, batch_runs, check_versions, open_indexed, unframe_runs
 
-__all__ = ["IndexedFiles", "ReadGroup"]
+__all__ = ["IndexedFiles", "OpenFiles", "ReadGroup"]
 
 count_read = _tfrecord.count_read
 IndexedFrames = _tfrecord.IndexedFrames
+
+
+class OpenFiles:
+    """The files a worker reads by their indexes' offsets, each opened once (:func:`~infeed.tfrecord.index.open_indexed`:
+    pinned as it was then) and kept from epoch to epoch until :meth:`close`: an open costs a round trip for a
+    bucket's object, and for a ``gs://`` one the start of a download of all of it (what the socket buffers take,
+    4 MB of a 40 MB object measured), which each epoch would pay again."""
+
+    def __init__(self):
+        self._open: dict = {}
+
+    def get(self, path: str, index):
+        handle = self._open.get(path)
+        if handle is None:
+            handle = self._open[path] = open_indexed(path, index)
+        return handle
+
+    def close(self) -> None:
+        for handle in self._open.values():
+            handle.close()
+        self._open.clear()
 
 
 class IndexedFiles:
@@ -26,13 +47,15 @@ class IndexedFiles:
     read (up to :data:`~infeed.tfrecord.index.MAX_JOINED_READ` bytes), across the group's batches too. Remote files
     (URIs) are read with a group's reads in flight at once, on the reader's pool of threads, each group's read
     timed for ``read_ahead`` (:class:`~infeed.daemon.read_ahead.ReadAhead`); the time the worker waits for them,
-    and their bytes, count as the stage ``read``. A batch's records are given for the decoder to read where
+    and their bytes, count as the stage ``read``. Its files are its own, or a worker's kept from epoch to epoch
+    (``opened``: :class:`OpenFiles`). A batch's records are given for the decoder to read where
     they lie (:meth:`ReadGroup.frames`), or as memoryviews (:meth:`ReadGroup.records`, for images)."""
 
-    def __init__(self, paths: list, indexes: list, read_ahead: ReadAhead):
+    def __init__(self, paths: list, indexes: list, read_ahead: ReadAhead, opened: OpenFiles | None = None):
         self._paths, self._indexes = paths, indexes
         self._read_ahead = read_ahead
-        self._open: dict = {}
+        self._owned = opened is None            # its own files, closed with it; else the caller's, kept open
+        self._opened = OpenFiles() if opened is None else opened
 
     def runs(self, files, records, batch_size: int) -> list:
         """The runs of reads (:func:`~infeed.tfrecord.index.batch_runs`) of each batch of ``batch_size`` of
@@ -45,15 +68,12 @@ class IndexedFiles:
         return ReadGroup(self, runs, self._read_ahead.remote)
 
     def _handle(self, f: int):
-        handle = self._open.get(f)
-        if handle is None:
-            handle = self._open[f] = open_indexed(self._paths[f], self._indexes[f])
-        return handle
+        return self._opened.get(self._paths[f], self._indexes[f])
 
     def close(self) -> None:
-        for handle in self._open.values():
-            handle.close()
-        self._open.clear()
+        """Closes its files, unless they are the caller's (``opened``)."""
+        if self._owned:
+            self._opened.close()
 
 
 class ReadGroup:

@@ -19,7 +19,7 @@ from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from infeed.daemon.indexed_reads import IndexedFiles
+from infeed.daemon.indexed_reads import IndexedFiles, OpenFiles
 from infeed.daemon.read_ahead import ReadAhead
 
 __all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "epoch_paths", "epoch_order",
@@ -240,18 +240,19 @@ def _no_origins(i: int) -> tuple:
 
 def epoch_batches(ds, epoch: int, first: int, owned: Callable[..., bool | None],
                   indexes: dict | None = None, sizes: list | None = None,
-                  read_ahead: ReadAhead | None = None) -> Iterator[PlannedBatch]:
+                  read_ahead: ReadAhead | None = None, opened: OpenFiles | None = None) -> Iterator[PlannedBatch]:
     """The batches of epoch ``epoch`` from batch ``first`` on; records only for ``owned(index)`` ones.
 
     Batches before ``first`` are passed over (read only as far as the order
     needs). ``indexes`` (path -> :class:`~infeed.tfrecord.index.RecordIndex` for every
     file) reads records by their offsets instead, in the same order, owned batches read ahead as far as
     ``read_ahead`` says (one kept from epoch to epoch keeps what it measured; by default, a new one), asking
-    ``owned(index, True)`` about those ahead: None there means "not yet", to be asked again. The
+    ``owned(index, True)`` about those ahead: None there means "not yet", to be asked again, through the files of
+    ``opened`` (kept open from epoch to epoch; by default, the epoch's own). The
     epoch's number of batches is appended to ``sizes`` once it is known (at the end).
     """
     if indexes is not None:
-        batches = yield from _indexed(ds, epoch, first, owned, indexes, read_ahead)
+        batches = yield from _indexed(ds, epoch, first, owned, indexes, read_ahead, opened)
     else:
         source = EpochRecords(ds, epoch)
         try:
@@ -360,7 +361,8 @@ def epoch_order(ds, epoch: int, counts: list[int]) -> np.ndarray:
     return stream
 
 
-def _indexed(ds, epoch: int, first: int, owned, indexes: dict, read_ahead: ReadAhead | None) -> Iterator[PlannedBatch]:
+def _indexed(ds, epoch: int, first: int, owned, indexes: dict, read_ahead: ReadAhead | None,
+             opened: OpenFiles | None) -> Iterator[PlannedBatch]:
     paths = epoch_paths(ds, epoch)
     if read_ahead is None:
         read_ahead = ReadAhead(any("://" in path for path in paths))
@@ -370,7 +372,7 @@ def _indexed(ds, epoch: int, first: int, owned, indexes: dict, read_ahead: ReadA
     starts = np.cumsum([0] + counts)
     size = ds.batch_size
     batches = len(order) // size + (ds.final_batch == "pad" and len(order) % size > 0)
-    files = IndexedFiles(paths, found, read_ahead)
+    files = IndexedFiles(paths, found, read_ahead, opened)
 
     @functools.lru_cache(maxsize=2)           # the block being read, and the one before (a group may span two)
     def block(b: int) -> tuple:

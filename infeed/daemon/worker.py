@@ -40,6 +40,7 @@ import sys
 import time
 
 from infeed.daemon.dataset import PADDING_KEY, Dataset
+from infeed.daemon.indexed_reads import OpenFiles
 from infeed.daemon.plan import epoch_batches, exists, record_offset
 from infeed.daemon.read_ahead import ReadAhead, units_per_take
 from infeed.daemon.transforms import TransformStage
@@ -76,6 +77,7 @@ class Producer:
         self._last_taken = -1                     # the last unit it took (those it owes: Ring.worker_claims)
         self._take = 1                            # units it takes at a time (read_ahead.units_per_take)
         self._claims: set = set()                 # the units it owes, as the ring records them
+        self._opened = OpenFiles()                # files read through their indexes, kept open from epoch to epoch
         self._waiting_since: int | None = None    # monotonic_ns when the wait for a free slot began, while it lasts
         self._wait_ns = 0                         # waited for a free slot, not counted yet
 
@@ -185,6 +187,7 @@ class Producer:
             self._take = units_per_take(ds, indexes, ring.slots, ring.max_workers)
             read_ahead = ReadAhead(indexes is not None and any("://" in path for path in indexes),
                                    group=self._take * per_slot, per_slot=per_slot)
+            opened = self._opened
             while ds.num_epochs is None or epoch < ds.num_epochs:
                 base = done - first
 
@@ -192,7 +195,7 @@ class Producer:
                     return self._mine((base + index) // per_slot, ahead)
 
                 sizes: list = []
-                for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes, read_ahead):
+                for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes, read_ahead, opened):
                     unit, step = divmod(done, per_slot)
                     if self._owes(unit):
                         if slot is None:             # else still held for this unit (see below)
@@ -242,6 +245,8 @@ class Producer:
         except Exception as error:
             self._report(error, done // per_slot, slot)
             raise
+        finally:
+            self._opened.close()
 
     def _report(self, error: Exception, unit: int, slot: int | None) -> None:
         """Records ``error`` (at ``unit``); the owner of ``unit`` also publishes it in that unit's slot."""

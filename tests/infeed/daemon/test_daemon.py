@@ -318,6 +318,39 @@ def test_through_an_index_a_batch_is_one_read_and_a_damaged_record_is_named(inde
     assert (err.path, err.record_index, err.offset, err.kind) == (indexed[1], 3, offset, "data_crc")
 
 
+def test_a_workers_indexed_files_are_opened_once_and_kept_from_epoch_to_epoch(indexed, monkeypatch):
+    """An open costs a bucket's object a round trip (a gs:// one the start of a download of all of it): a worker
+    opens each file once, whatever the epochs, and closes them at its end."""
+    from infeed.daemon import indexed_reads, plan
+
+    opens, closed = [], []
+    real = indexed_reads.open_indexed
+
+    def counted(path, index):
+        handle = real(path, index)
+        opens.append(path)
+        close = handle.close
+        handle.close = lambda: (closed.append(path), close())[1]
+        return handle
+    monkeypatch.setattr(indexed_reads, "open_indexed", counted)
+    ds = Dataset(indexed, SPEC, batch_size=10, shuffle_files=True, seed=5, num_epochs=3)
+    parser, kept, ids = infeed.ExampleParser(SPEC), indexed_reads.OpenFiles(), []
+    for epoch in range(3):
+        for planned in plan.epoch_batches(ds, epoch, 0, lambda index, ahead=False: True, ds.indexes(), opened=kept):
+            out = parser.allocate(10)
+            planned.fill(parser, out)
+            ids.append(out["id"].tolist())
+    assert sorted(opens) == sorted(indexed) and closed == []             # each once, for the three epochs
+    kept.close()
+    assert sorted(closed) == sorted(indexed)
+    assert ids == ids_of(collect(ds, num_workers=1))                     # the batches a daemon gives
+    opens.clear()
+    for epoch in range(2):                                               # without a worker's: each epoch its own
+        for planned in plan.epoch_batches(ds, epoch, 0, lambda index, ahead=False: True, ds.indexes()):
+            planned.fill(parser, parser.allocate(10))
+    assert len(opens) == 2 * len(indexed)
+
+
 def test_global_shuffle_is_a_seeded_permutation_whatever_the_workers(indexed):
     ds = Dataset(indexed, SPEC, batch_size=10, shuffle="global", seed=11, num_epochs=2)
     one, two = ids_of(collect(ds, num_workers=1)), ids_of(collect(ds, num_workers=2))
