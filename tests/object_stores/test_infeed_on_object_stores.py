@@ -269,14 +269,23 @@ def test_an_unindexed_bucket_is_read_once_to_index_then_each_epoch_reads_each_re
         streamed, _ = labels_of(ds.replace(build_indexes=False), workers=1)
         if gcs:     # objects "this large" are built, and each record is read by one worker
             monkeypatch.setattr(dataset_module, "GCS_BUILD_MIN_BYTES", 100_000)
-            with infeed.Daemon(ds, num_workers=workers, slots=4, lock_memory=False, timeout=60) as feed:
-                indexed = np.concatenate([np.array(batch["label"]) for batch in feed]).tolist()
-                read_by_workers = sum(w.read_bytes for w in feed.stats().workers)
+            runs = []                # built by W workers; then one worker's one epoch and two through the indexes
+            for w, n in ((workers, 1), (1, 1), (1, 2)):
+                before = proxy.bytes_out
+                with infeed.Daemon(ds.replace(num_epochs=n), num_workers=w, slots=4, lock_memory=False,
+                                   timeout=60) as feed:
+                    labels = np.concatenate([np.array(batch["label"]) for batch in feed]).tolist()
+                    if w == workers:
+                        indexed, read_by_workers = labels, sum(w.read_bytes for w in feed.stats().workers)
+                runs.append(proxy.bytes_out - before)
         assert expand_files(f"{folder}/*") == listed                    # nothing written into the bucket
     assert first == second == streamed and sorted(first) == list(range(400))
     if gcs:          # streamed both times, each worker every object (pyarrow's GCS streams brought 1-2x the data)
         assert min(built, again) >= workers * data, (built / data, again / data)
         assert indexed == first and len(os.listdir(kept)) == 4 and read_by_workers == data
+        # A worker opens each object once, whatever the epochs (an open of one of these brings all of it): its
+        # second epoch costs the reads alone (measured 1.00x the data; 2.01x when each epoch opened them again).
+        assert runs[2] - runs[1] <= 1.1 * data, [r / data for r in runs]
     else:            # measured 2.06x and 1.03x: the response heads (~0.5 KB a request) on 1.6 MB of data
         assert built <= 2.1 * data and again <= 1.1 * data, (built / data, again / data)
 
