@@ -75,17 +75,19 @@ class WorkerProcess(subprocess.Popen):
 WORKER_PROCESSES = (WorkerProcess, LaunchedWorker)
 
 
-def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, int]) -> list:
+def start_workers(ring: Ring, dataset: Dataset, workers: int, start: tuple[int, int],
+                  index_files: dict | None = None) -> list:
     """Starts ``workers`` processes producing ``dataset`` into ``ring``: forked by this process's launcher
     (:mod:`infeed.daemon.launcher`), or fresh interpreters (:class:`WorkerProcess`) where it cannot; they
-    import its transforms with this process's ``sys.path`` after their own."""
+    import its transforms with this process's ``sys.path`` after their own, and read the indexes where
+    ``index_files`` says (:meth:`Dataset.index_files`; None: they look for them)."""
     procs = []
     env = _worker_environment()
     try:
         for k in range(workers):
             proc = launch(env) or WorkerProcess(env)
             procs.append(proc)
-            config = {"ring": ring.name, "worker": k, "start": list(start),
+            config = {"ring": ring.name, "worker": k, "start": list(start), "index_files": index_files,
                       "dataset": dataset.to_json(), "sys_path": sys.path, "filesystems": registered_filesystems()}
             proc.stdin.write(json.dumps(config).encode())
             proc.stdin.close()
@@ -138,9 +140,13 @@ class Daemon(Feed):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be a positive int, got {slots!r}")
         start = start_of(dataset, state)
-        dataset.build_missing_indexes(num_workers)      # before the first epoch: each file read once, here
-        if dataset.shuffle == "global":
-            dataset.indexes()                   # every file has a usable index, or a clear error now
+        # The indexes are found here, once: the workers read them, with no look-ups. Missing ones are built
+        # first where that pays (each file read once, here, before the first epoch).
+        index_files = dataset.index_files()
+        if not index_files and dataset.build_missing_indexes(num_workers) is not None:
+            index_files = dataset.index_files()
+        if dataset.shuffle == "global" and not index_files:
+            dataset.indexes()                   # raises, naming a file without a usable index
         slots = max(slots, num_workers)
         removed = collect_orphans()             # rings of this user's processes killed before they could
         if removed:
@@ -154,7 +160,7 @@ class Daemon(Feed):
         #: Workers killed, crashed or failed owing no batch: the first batch each fails (see _check_workers).
         self._lost_at: dict[int, int] = {}
         try:
-            self._procs = start_workers(ring, dataset, num_workers, start)
+            self._procs = start_workers(ring, dataset, num_workers, start, index_files)
         except BaseException:
             ring.close()
             raise

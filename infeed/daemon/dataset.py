@@ -43,14 +43,16 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from infeed.daemon.functions import load_function
 from infeed.daemon.transforms import check_outputs, outputs_to_json
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import Padded, spec_from_json, spec_to_json
 from infeed.tfrecord.files import expand_files
-from infeed.tfrecord.index_build import BuildResult, build_indexes, compressed_files
-from infeed.tfrecord.index_cache import default_index_dir, find_index
+from infeed.tfrecord.index import load_index
+from infeed.tfrecord.index_build import BUILD_THREADS, BuildResult, build_indexes, compressed_files
+from infeed.tfrecord.index_cache import default_index_dir, find_index, locate_index
 from infeed.tfrecord.reader import COMPRESSIONS, MAX_RECORD_SIZE, read_records, remote_file_info
 
 __all__ = ["Dataset", "PADDING_KEY"]
@@ -211,14 +213,20 @@ class Dataset:
             return self.paths[self.shard_index::self.num_shards]
         return self.paths
 
-    def indexes(self) -> dict | None:
+    def indexes(self, located: Mapping | None = None) -> dict | None:
         """``{path: RecordIndex}`` for this host's files when every one has an ``infeed index``
         sidecar or an index in :attr:`index_dir`, else None; ``shuffle="global"`` needs them (ValueError
-        naming a file without one).
+        naming a file without one). ``located``: where another process found them (:meth:`index_files`), read
+        from there alone, with no look-up of the files (each a round trip or two for a bucket's, per worker).
 
         With them, workers read only the records of their own batches, global
         shuffling is possible, and a resume jumps straight to its batch.
         """
+        if located is not None:
+            if not located:
+                return None
+            return {path: load_index(path, index_file=located[path][0], data_size=located[path][1])
+                    for path in self.shard_paths()}
         found = {}
         for path in self.shard_paths():
             index = find_index(path, self.index_dir)
@@ -231,6 +239,21 @@ class Dataset:
                 return None
             found[path] = index
         return found
+
+    def index_files(self) -> dict:
+        """``{path: (index file, data size)}``: where the index of each of this host's files is and the size it
+        was built for (:func:`~infeed.tfrecord.index_cache.locate_index`, up to ``BUILD_THREADS`` files at
+        once, after the first), for :meth:`indexes` in the workers; empty where a file has none (they stream:
+        where the first has none, the others are not looked up)."""
+        paths = self.shard_paths()
+        first = locate_index(paths[0], self.index_dir) if paths else None
+        if first is None:                   # the files stream: the others are not looked up
+            return {}
+        with ThreadPoolExecutor(max(1, min(BUILD_THREADS, len(paths) - 1))) as pool:
+            located = [first, *pool.map(lambda path: locate_index(path, self.index_dir), paths[1:])]
+        if any(found is None for found in located):
+            return {}
+        return {path: (entry, index.file_size) for path, (index, entry) in zip(paths, located)}
 
     def build_missing_indexes(self, num_workers: int = 1) -> BuildResult | None:
         """Builds the index of each of this host's files that has none (:func:`infeed.tfrecord.index_build.build_indexes`,

@@ -67,9 +67,11 @@ class Stopped(Exception):
 class Producer:
     """Worker ``index`` filling ``ring`` with ``dataset``'s batches from ``start``: whichever it takes."""
 
-    def __init__(self, dataset: Dataset, ring: Ring, index: int, start: tuple[int, int]):
+    def __init__(self, dataset: Dataset, ring: Ring, index: int, start: tuple[int, int],
+                 index_files: dict | None = None):
         self.ds, self.ring, self.index = dataset, ring, index
         self.start = start
+        self._index_files = index_files           # where the daemon found the indexes (Dataset.index_files)
         self.parser = dataset.parser
         self._transforms = TransformStage(dataset) if dataset.outputs is not None else None
         self._views: dict = {}
@@ -183,7 +185,7 @@ class Producer:
         done = 0                  # batches of the sequence passed so far (mine or not)
         slot = None
         try:
-            indexes = ds.indexes()
+            indexes = ds.indexes(self._index_files)
             self._take = units_per_take(ds, indexes, ring.slots, ring.max_workers)
             read_ahead = ReadAhead(indexes is not None and any("://" in path for path in indexes),
                                    group=self._take * per_slot, per_slot=per_slot)
@@ -289,7 +291,7 @@ def main() -> int:
     ring.register_worker(index)
     producer = None
     try:
-        producer = Producer(ds, ring, index, tuple(config["start"]))
+        producer = Producer(ds, ring, index, tuple(config["start"]), config.get("index_files"))
         producer.run()
         return 0
     except Stopped:

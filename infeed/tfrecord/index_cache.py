@@ -23,13 +23,13 @@ import hashlib
 import os
 
 from infeed.errors import IndexFileError
-from infeed.tfrecord.index import INDEX_SUFFIX, RecordIndex, load_index, write_index
+from infeed.tfrecord.index import INDEX_SUFFIX, RecordIndex, index_path, load_index, write_index
 from infeed.tfrecord.names import path_str, split_query
 from infeed.tfrecord.text_index import TEXT_INDEX_SUFFIXES
 from infeed.tfrecord.reader import _is_uri, remote_file_info
 
 __all__ = ["INDEX_DIR_ENV", "cached_index_path", "data_identity", "default_index_dir", "find_index",
-           "load_cached_index", "write_cached_index"]
+           "load_cached_index", "locate_index", "write_cached_index"]
 
 #: The environment variable naming the directory of indexes kept apart from the data.
 INDEX_DIR_ENV = "INFEED_INDEX_DIR"
@@ -63,9 +63,9 @@ def cached_index_path(index_dir, identity: tuple[str, int, int]) -> str:
     return os.path.join(os.fspath(index_dir), f"{digest}-{size}-{mtime_ns}{INDEX_SUFFIX}")
 
 
-def load_cached_index(path, index_dir) -> RecordIndex | None:
+def load_cached_index(path, index_dir, located: bool = False):
     """The index of ``path`` from its entry in ``index_dir``, or None when there is none for the file as it is
-    now (or no such file). Raises :class:`~infeed.errors.IndexFileError` naming a damaged entry."""
+    now (or no such file); with ``located``, ``(index, the entry's path)``. Raises :class:`~infeed.errors.IndexFileError` naming a damaged entry."""
     if not os.path.isdir(index_dir):        # nothing kept: no look-up of the file (a round trip for a bucket's)
         return None
     try:
@@ -75,7 +75,8 @@ def load_cached_index(path, index_dir) -> RecordIndex | None:
     entry = cached_index_path(index_dir, identity)
     if not os.path.exists(entry):
         return None
-    return load_index(path, index_file=entry, data_size=identity[1])
+    index = load_index(path, index_file=entry, data_size=identity[1])
+    return (index, entry) if located else index
 
 
 def write_cached_index(index: RecordIndex, index_dir, identity: tuple[str, int, int] | None = None) -> str:
@@ -99,23 +100,33 @@ def find_index(path, index_dir=None) -> RecordIndex | None:
     layout), else None. A damaged or stale index raises :class:`~infeed.errors.IndexFileError`; one named after
     another file of the same name is stale (its records do not tile this file), or at worst a
     ``CorruptRecordError`` at the first record read through it, never another file's records."""
+    located = locate_index(path, index_dir)
+    return None if located is None else located[0]
+
+
+def locate_index(path, index_dir=None) -> tuple[RecordIndex, str] | None:
+    """:func:`find_index`'s index of ``path`` and the file it read it from (a sidecar, an entry of
+    ``index_dir``, a tfrecord2idx index), or None: what a process that found it tells others, who then read that
+    file alone (``load_index(path, index_file=..., data_size=index.file_size)``), with no look-up of the data."""
     path = path_str(path)
+    sidecar = index_path(path)
     index = load_index(path)
     if index is None and not _is_uri(path):          # beside a bucket's objects: a round trip each, not looked for
-        index = _first_found(path, [path + suffix for suffix in TEXT_INDEX_SUFFIXES])
+        sidecar, index = _first_found(path, [path + suffix for suffix in TEXT_INDEX_SUFFIXES])
     if index is not None or index_dir is False:
-        return index
+        return None if index is None else (index, sidecar)
     index_dir = default_index_dir() if index_dir is None else os.fspath(index_dir)
-    index = load_cached_index(path, index_dir)
-    if index is None:
+    located = load_cached_index(path, index_dir, located=True)
+    if located is None:
         name = os.path.basename(split_query(path)[0].rstrip("/"))
-        index = _first_found(path, [os.path.join(index_dir, name + suffix) for suffix in TEXT_INDEX_SUFFIXES])
-    return index
+        entry, index = _first_found(path, [os.path.join(index_dir, name + suffix) for suffix in TEXT_INDEX_SUFFIXES])
+        located = None if index is None else (index, entry)
+    return located
 
 
-def _first_found(path: str, candidates) -> RecordIndex | None:
-    """The index of ``path`` from the first of the local files ``candidates`` that exists, or None."""
+def _first_found(path: str, candidates) -> tuple[str | None, RecordIndex | None]:
+    """The first of the local files ``candidates`` that exists, and the index of ``path`` read from it; (None, None)."""
     for candidate in candidates:
         if os.path.isfile(candidate):
-            return load_index(path, index_file=candidate)
-    return None
+            return candidate, load_index(path, index_file=candidate)
+    return None, None

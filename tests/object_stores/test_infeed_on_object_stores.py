@@ -290,6 +290,27 @@ def test_an_unindexed_bucket_is_read_once_to_index_then_each_epoch_reads_each_re
         assert built <= 2.1 * data and again <= 1.1 * data, (built / data, again / data)
 
 
+def test_the_workers_read_the_indexes_the_daemon_found_and_look_up_nothing(store, folder, monkeypatch, tmp_path):
+    """Each worker looked for each object's sidecar and, without one, the object itself (for its identity in the
+    index directory): W times two round trips an object at start-up, before a batch. The daemon finds them once
+    and tells the workers where they are."""
+    paths = write_shards(folder, count=4)
+    kept = tmp_path / "indexes"
+    ds = infeed.Dataset(f"{folder}/part-*.tfrecord", SPEC, batch_size=8, index_dir=kept, build_indexes=True)
+    labels_of(ds, workers=1)                                         # built, kept apart from the bucket
+    with StoreProxy(store.endpoint) as proxy:
+        if isinstance(store, GcsServer):
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://{proxy.endpoint}")
+        else:
+            monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{proxy.endpoint}")
+        got, _ = labels_of(ds, workers=3)
+        asked = [path for _, path, _ in proxy.recent]
+    assert sorted(got) == list(range(120))
+    assert len(asked) < 10_000                                       # all of them kept (RECENT)
+    sidecars = [path for path in asked if ".tfrecord.index" in path]    # a look for one: two requests (S3, GCS)
+    assert len(sidecars) == 2 * 4, sidecars                          # the daemon's, one an object: none a worker's
+
+
 @pytest.fixture
 def throttling(store, monkeypatch):
     """``store`` behind a loopback proxy, reached through it by the same conventions; yields (proxy, the store's

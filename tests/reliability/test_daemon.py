@@ -125,8 +125,8 @@ def test_a_worker_killed_before_it_registers_fails_no_batch_the_others_filled(fi
     # Worker 1 dies by SIGKILL at once: its entry in the ring stays zeros (claims (0, 0) read as numbers).
     dying = []
 
-    def start_workers(ring, dataset, workers, start):
-        procs = real_start(ring, dataset, 1, start)
+    def start_workers(ring, dataset, workers, start, index_files=None):
+        procs = real_start(ring, dataset, 1, start, index_files)
         dying.append(subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"]))
         return procs + dying
     real_start = daemon_module.start_workers
@@ -176,8 +176,8 @@ def test_a_worker_failing_before_its_first_unit_raises_its_own_error_naming_it(f
     # Worker 0 makes every batch alone: the error must still come, as itself, after the batches published.
     failing = []
 
-    def start_workers(ring, dataset, workers, start):
-        procs = real_start(ring, dataset, 1, start)
+    def start_workers(ring, dataset, workers, start, index_files=None):
+        procs = real_start(ring, dataset, 1, start, index_files)
         proc = subprocess.Popen([sys.executable, "-c", FAILING_WORKER, where], stdin=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, env=daemon_module._worker_environment())
         config = {"ring": ring.name, "worker": 1, "start": list(start), "dataset": dataset.to_json(),
