@@ -35,10 +35,12 @@ examples (from the repository root):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
 
 from bench import harness
@@ -46,6 +48,7 @@ from bench.data import datasets
 from bench.report import compare, markdown
 from bench.suites import (cpus_suite, decode_suite, grain_suite, images_suite, infeed_suite, loop_suite, remote_suite,
                           startup_suite, train_suite, transfer_suite)
+from infeed.tfrecord.index_cache import INDEX_DIR_ENV
 
 #: Suite name -> function(args) -> SuiteResult.  ``all`` runs them in this order.
 SUITES = {
@@ -195,16 +198,17 @@ def main(argv=None) -> int:
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()), flush=True)
     results = []
     started = time.perf_counter()
-    for i, name in enumerate(names, 1):
-        harness.log(f"[{i}/{len(names)}] {name}: starting ({_elapsed(started)} elapsed)")
-        began = time.perf_counter()
-        result = SUITES[name](args)
-        result.noise_bound = args.noise_bound
-        results.append(result)
-        harness.log(f"[{i}/{len(names)}] {name}: done in {_elapsed(began)} ({len(result.figures)} figures, "
-                    f"{len(result.noisy())} flagged)")
-        print()
-        print(harness.format_result(result), flush=True)
+    with _indexes_of_its_own():
+        for i, name in enumerate(names, 1):
+            harness.log(f"[{i}/{len(names)}] {name}: starting ({_elapsed(started)} elapsed)")
+            began = time.perf_counter()
+            result = SUITES[name](args)
+            result.noise_bound = args.noise_bound
+            results.append(result)
+            harness.log(f"[{i}/{len(names)}] {name}: done in {_elapsed(began)} ({len(result.figures)} figures, "
+                        f"{len(result.noisy())} flagged)")
+            print()
+            print(harness.format_result(result), flush=True)
     path = results_path(args)
     if path:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -215,6 +219,22 @@ def main(argv=None) -> int:
         print(f"\nwrote {path}, the report {md}" + (f" and {len(plots)} plots" if plots else
                                                      " (no plots: pip install -e .[bench] adds matplotlib)"))
     return 0
+
+
+@contextlib.contextmanager
+def _indexes_of_its_own():
+    """The indexes a daemon builds for the bench's data (``build_indexes="auto"``: local files from 2 workers on)
+    go into a directory of the run's own, removed at its end, unless ``INFEED_INDEX_DIR`` names one: the data
+    is the bench's (often in a temporary directory), and its entries would stay in the user's cache for good."""
+    if os.environ.get(INDEX_DIR_ENV):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-indexes-") as kept:
+        os.environ[INDEX_DIR_ENV] = kept
+        try:
+            yield
+        finally:
+            os.environ.pop(INDEX_DIR_ENV, None)
 
 
 def _elapsed(since: float) -> str:

@@ -271,3 +271,15 @@ def test_jax_devices_asks_a_fresh_process_once_per_environment(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     machine.jax_devices()
     assert asked == [asked[0], "--xla_force_host_platform_device_count=2"]
+
+
+def test_a_bench_run_keeps_the_indexes_its_daemons_build_in_a_directory_of_its_own(monkeypatch):
+    """Its data is its own (often temporary): their entries would stay in the user's index cache for good."""
+    monkeypatch.delenv("INFEED_INDEX_DIR", raising=False)
+    with bench_main._indexes_of_its_own():
+        kept = os.environ["INFEED_INDEX_DIR"]
+        assert os.path.isdir(kept) and os.path.basename(kept).startswith("bench-indexes-")
+    assert "INFEED_INDEX_DIR" not in os.environ and not os.path.exists(kept)
+    monkeypatch.setenv("INFEED_INDEX_DIR", "/somewhere/named")             # named by the user: theirs
+    with bench_main._indexes_of_its_own():
+        assert os.environ["INFEED_INDEX_DIR"] == "/somewhere/named"
