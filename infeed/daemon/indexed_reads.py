@@ -9,7 +9,7 @@ import time
 
 from infeed.daemon.read_ahead import ReadAhead
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import MAX_JOINED_READ, batch_runs, check_versions, open_indexed, unframe_runs
+from infeed.tfrecord.index import MAX_JOINED_READ, BatchRuns, check_versions, open_indexed, unframe_runs
 
 __all__ = ["IndexedFiles", "OpenFiles", "ReadGroup"]
 
@@ -57,10 +57,10 @@ class IndexedFiles:
         self._owned = opened is None            # its own files, closed with it; else the caller's, kept open
         self._opened = OpenFiles() if opened is None else opened
 
-    def runs(self, files, records, batch_size: int) -> list:
-        """The runs of reads (:func:`~infeed.tfrecord.index.batch_runs`) of each batch of ``batch_size`` of
-        records ``records[i]`` of file ``files[i]`` (positions in ``paths``)."""
-        return batch_runs(self._indexes.__getitem__, files, records, batch_size)
+    def runs(self, files, records, batch_size: int) -> BatchRuns:
+        """The runs of reads (:class:`~infeed.tfrecord.index.BatchRuns`: ``runs[j]``, built when asked) of each
+        batch of ``batch_size`` of records ``records[i]`` of file ``files[i]`` (positions in ``paths``)."""
+        return BatchRuns(self._indexes.__getitem__, files, records, batch_size)
 
     def start(self, runs: list) -> "ReadGroup":
         """Starts reading the records of a few batches (``runs[j]``: batch ``j``'s, as :meth:`runs` gives them),

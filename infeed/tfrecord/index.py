@@ -37,7 +37,7 @@ from infeed.tfrecord.reader import (_EXTENSIONS, _SNIFF_BYTES, _is_uri, _sniff, 
                                     open_random_access, read_records)
 from infeed.tfrecord.text_index import TEXT_INDEX_SUFFIXES, looks_like_text_index, parse_text_index, text_index_limit
 
-__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "IndexedRun", "RecordIndex", "batch_runs", "build_index",
+__all__ = ["INDEX_SUFFIX", "MAX_JOINED_READ", "BatchRuns", "IndexedRun", "RecordIndex", "build_index",
            "check_versions", "compression_of",
            "index_path", "indexed_runs", "is_index_file", "load_index", "open_indexed", "read_indexed", "unframe_runs",
            "write_index"]
@@ -298,48 +298,60 @@ def indexed_runs(index_of: Callable[[int], RecordIndex], files, records,
                  max_joined: int = MAX_JOINED_READ) -> list[IndexedRun]:
     """The reads that fetch record ``records[i]`` of file ``files[i]``, in that order: records that follow each
     other in a file and in ``records`` share a read of up to ``max_joined`` bytes (one record at least)."""
-    return batch_runs(index_of, files, records, max(len(records), 1), max_joined)[0] if len(records) else []
+    return BatchRuns(index_of, files, records, max(len(records), 1), max_joined)[0] if len(records) else []
 
 
-def batch_runs(index_of: Callable[[int], RecordIndex], files, records, batch_size: int,
-               max_joined: int = MAX_JOINED_READ) -> list[list[IndexedRun]]:
+class BatchRuns:
     """:func:`indexed_runs` of each batch of ``batch_size`` consecutive entries of ``files`` and ``records`` (the
-    last batch may be shorter), found for all of them at once: a planner's few numpy calls for many batches,
-    and a few Python steps per run."""
-    files, records = np.asarray(files, np.int64), np.asarray(records, np.int64)
-    n = len(records)
-    if n == 0:
-        return []
-    cut = np.empty(n, bool)
-    cut[0] = True
-    np.not_equal(files[1:], files[:-1], out=cut[1:])
-    cut[1:] |= records[1:] != records[:-1] + 1
-    cut[::batch_size] = True
-    firsts = np.flatnonzero(cut)
-    out: list = [[] for _ in range((n + batch_size - 1) // batch_size)]
-    for a, b, f, k in zip(firsts.tolist(), [*firsts[1:].tolist(), n], files[firsts].tolist(),
-                          records[firsts].tolist()):
-        index, count = index_of(f), b - a
-        offsets, lengths = index.offsets, index.lengths
-        crcs = index.data_crcs
-        base = int(offsets[k])
-        last = k + count - 1
-        size = int(offsets[last]) + int(lengths[last]) + _FRAMING - base
-        runs = out[a // batch_size]
-        if size <= max_joined or count == 1:
-            runs.append(IndexedRun(f, k, base, size, offsets[k:k + count], lengths[k:k + count],
-                                   None if crcs is None else crcs[k:k + count]))
-            continue
-        ends = offsets[k:k + count] + lengths[k:k + count] + _FRAMING
-        first = 0
-        while first < count:
-            end = count if ends[-1] - offsets[k + first] <= max_joined else \
-                max(first + 1, int(np.searchsorted(ends, offsets[k + first] + max_joined, side="right")))
-            base = int(offsets[k + first])
-            runs.append(IndexedRun(f, k + first, base, int(ends[end - 1]) - base, offsets[k + first:k + end],
-                                   lengths[k + first:k + end], None if crcs is None else crcs[k + first:k + end]))
-            first = end
-    return out
+    last batch may be shorter): where runs break found for all of them at once (a planner's few numpy calls for
+    many batches), and batch ``j``'s runs built when asked (``runs[j]``: a few Python steps per run, for the
+    batches a worker reads alone)."""
+
+    def __init__(self, index_of: Callable[[int], RecordIndex], files, records, batch_size: int,
+                 max_joined: int = MAX_JOINED_READ):
+        files, records = np.asarray(files, np.int64), np.asarray(records, np.int64)
+        n = len(records)
+        self._index_of, self._max_joined = index_of, max_joined
+        cut = np.ones(n, bool)
+        if n:
+            np.not_equal(files[1:], files[:-1], out=cut[1:])
+            cut[1:] |= records[1:] != records[:-1] + 1
+            cut[::batch_size] = True
+        firsts = np.flatnonzero(cut)
+        self._firsts = firsts.tolist()
+        self._ends = [*self._firsts[1:], n]
+        self._files, self._records = files[firsts].tolist(), records[firsts].tolist()
+        self._bounds = np.searchsorted(firsts, np.arange(0, n + batch_size, batch_size)).tolist()
+        self._batches = -(-n // batch_size)
+
+    def __len__(self) -> int:
+        return self._batches
+
+    def __getitem__(self, j: int) -> list[IndexedRun]:
+        if not 0 <= j < self._batches:
+            raise IndexError(j)
+        runs: list = []
+        for r in range(self._bounds[j], self._bounds[j + 1]):
+            f, k, count = self._files[r], self._records[r], self._ends[r] - self._firsts[r]
+            index = self._index_of(f)
+            offsets, lengths, crcs = index.offsets, index.lengths, index.data_crcs
+            base, last = int(offsets[k]), k + count - 1
+            size = int(offsets[last]) + int(lengths[last]) + _FRAMING - base
+            if size <= self._max_joined or count == 1:
+                runs.append(IndexedRun(f, k, base, size, offsets[k:k + count], lengths[k:k + count],
+                                       None if crcs is None else crcs[k:k + count]))
+                continue
+            ends = offsets[k:k + count] + lengths[k:k + count] + _FRAMING
+            first = 0
+            while first < count:
+                end = count if ends[-1] - offsets[k + first] <= self._max_joined else \
+                    max(first + 1, int(np.searchsorted(ends, offsets[k + first] + self._max_joined, side="right")))
+                base = int(offsets[k + first])
+                runs.append(IndexedRun(f, k + first, base, int(ends[end - 1]) - base, offsets[k + first:k + end],
+                                       lengths[k + first:k + end],
+                                       None if crcs is None else crcs[k + first:k + end]))
+                first = end
+        return runs
 
 
 def unframe_runs(runs: Sequence[IndexedRun], datas: Sequence, paths: Sequence[str], views: bool = False) -> list:

@@ -13,7 +13,7 @@ import infeed
 from infeed.commands.cli import main
 from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
-from infeed.tfrecord.index import (RecordIndex, build_index, index_path, indexed_runs, load_index, read_indexed,
+from infeed.tfrecord.index import (BatchRuns, RecordIndex, build_index, index_path, indexed_runs, load_index, read_indexed,
                                   write_index)
 from tfrecord_files import write_records
 
@@ -226,6 +226,28 @@ def test_read_indexed_joins_records_that_follow_each_other_and_keeps_the_order_a
     assert read_indexed(read_at, paths, indexes.__getitem__, [], []) == []
     views = read_indexed(read_at, paths, indexes.__getitem__, files, records, views=True)
     assert all(type(v) is memoryview for v in views) and [bytes(v) for v in views] == got
+
+
+def test_batch_runs_give_each_batch_the_runs_of_its_records_alone(tmp_path):
+    """A planner's runs for many batches at once: batch j's are indexed_runs of its own records, never a run across
+    two batches, whatever the files, the order and the joined reads' bound."""
+    paths = [_write(tmp_path / "a.tfrecord"), _write(tmp_path / "b.tfrecord", RECORDS[::-1])]
+    indexes = [build_index(p) for p in paths]
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n, size = int(rng.integers(0, 30)), int(rng.integers(1, 8))
+        files = rng.integers(0, 2, n)
+        records = np.where(rng.random(n) < 0.6, np.arange(n) % 6, rng.integers(0, 6, n))
+        joined = int(rng.choice([20, 100, 1 << 20]))
+        runs = BatchRuns(indexes.__getitem__, files, records, size, joined)
+        assert len(runs) == -(-n // size)
+        plain = lambda rs: [(r.file, r.first, r.base, r.size, r.offsets.tolist(), r.lengths.tolist(),
+                             r.data_crcs.tolist()) for r in rs]
+        for j in range(len(runs)):
+            assert plain(runs[j]) == plain(indexed_runs(indexes.__getitem__, files[j * size:(j + 1) * size],
+                                                        records[j * size:(j + 1) * size], joined))
+        with pytest.raises(IndexError):
+            runs[len(runs)]
 
 
 def test_read_indexed_names_the_first_record_a_short_read_cuts_or_a_damaged_one(tmp_path):
