@@ -61,9 +61,10 @@ _log = logging.getLogger("infeed")
 
 #: With ``build_indexes="auto"``, the workers from which a Daemon over local files builds their missing indexes:
 #: with two, each streaming worker still reads every record, and on 2 cores the indexed path (its batches decoded
-#: where they lie in the reads) ran at 1.5-1.7x of the streamed one on mnist and 0.93-1.13x on criteo (``python -m
-#: bench infeed --workers 1,2``, four runs); on the 16-CPU host (docs/bench/h100-host) streamed reading peaked at W=4 on ImageNet-sized records
-#: (1.7x, 6.1x indexed at W=15). One worker reads every record either way: it streams.
+#: where they lie in the reads) ran at 1.5-1.7x of the streamed one on mnist and 0.93-1.13x on criteo
+#: (``python -m bench infeed --workers 1,2``, four runs); on the 16-CPU host (docs/bench/h100-host) streamed
+#: reading peaked at W=4 on ImageNet-sized records (1.7x, 6.1x indexed at W=15). One worker reads every record
+#: either way: it streams.
 LOCAL_BUILD_WORKERS = 2
 #: With ``build_indexes="auto"``, the mean size of ``gs://`` objects from which a Daemon of 2 workers or more builds
 #: their indexes: pyarrow opens each object with a download of the whole of it, which its reads by offset then

@@ -18,10 +18,11 @@ IndexedFrames = _tfrecord.IndexedFrames
 
 
 class OpenFiles:
-    """The files a worker reads by their indexes' offsets, each opened once (:func:`~infeed.tfrecord.index.open_indexed`:
-    pinned as it was then) and kept from epoch to epoch until :meth:`close`: an open costs a round trip for a
-    bucket's object, and for a ``gs://`` one the start of a download of all of it (what the socket buffers take,
-    4 MB of a 40 MB object measured), which each epoch would pay again."""
+    """The files a worker reads by their indexes' offsets, each opened once
+    (:func:`~infeed.tfrecord.index.open_indexed`: pinned as it was then) and kept from epoch to epoch until
+    :meth:`close`: an open costs a round trip for a bucket's object, and for a ``gs://`` one the start of a
+    download of all of it (what the socket buffers take, 4 MB of a 40 MB object measured), which each epoch
+    would pay again."""
 
     def __init__(self):
         self._open: dict = {}

@@ -189,7 +189,6 @@ class Producer:
             self._take = units_per_take(ds, indexes, ring.slots, ring.max_workers)
             read_ahead = ReadAhead(indexes is not None and any("://" in path for path in indexes),
                                    group=self._take * per_slot, per_slot=per_slot)
-            opened = self._opened
             while ds.num_epochs is None or epoch < ds.num_epochs:
                 base = done - first
 
@@ -197,7 +196,8 @@ class Producer:
                     return self._mine((base + index) // per_slot, ahead)
 
                 sizes: list = []
-                for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes, read_ahead, opened):
+                for planned in epoch_batches(ds, epoch, first, owned, indexes, sizes, read_ahead,
+                                             self._opened):
                     unit, step = divmod(done, per_slot)
                     if self._owes(unit):
                         if slot is None:             # else still held for this unit (see below)

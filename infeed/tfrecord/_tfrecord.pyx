@@ -217,6 +217,22 @@ def frame(data):
     return out
 
 
+cdef int _check_indexed(const uint8_t *run, Py_ssize_t n, int64_t at, str path, int64_t record_index,
+                        int64_t offset, int64_t length, const uint32_t *indexed_crc) except -1:
+    """Checks the record an index places at ``at`` of a read of ``n`` bytes at ``run`` (``offset`` of ``path``):
+    :func:`_check_frame`, and its data CRC against the one indexed (``indexed_crc``; NULL: none), a record of
+    another version of the file being a :class:`~infeed.errors.SourceChangedError`."""
+    cdef uint32_t stored
+    if at < 0 or at >= n:          # nothing read there: refused before anything is read
+        _check_frame(NULL, 0, path, record_index, offset, length)
+    _check_frame(run + at, n - at, path, record_index, offset, length)
+    if indexed_crc != NULL:
+        stored = load_u32(run + at + HEADER + length)
+        if stored != indexed_crc[0]:
+            raise SourceChangedError(path, indexed_crc[0], stored, offset, record_index)
+    return 0
+
+
 cdef int _check_frame(const uint8_t *p, Py_ssize_t avail, str path, int64_t record_index, int64_t offset,
                       int64_t length) except -1:
     """Checks the framed record at ``p`` (``avail`` bytes read there, from ``offset`` of ``path``): its header
@@ -256,7 +272,6 @@ def unframe_run(run, str path, int64_t first_index, int64_t base, const int64_t[
     cdef Py_ssize_t n = b.shape[0], i, at, count = offsets.shape[0]
     cdef const uint32_t[::1] crcs
     cdef bint pinned = data_crcs is not None
-    cdef uint32_t stored
     if lengths.shape[0] != count:
         raise ValueError(f"{count} offsets and {lengths.shape[0]} lengths")
     if pinned:
@@ -267,13 +282,8 @@ def unframe_run(run, str path, int64_t first_index, int64_t base, const int64_t[
     cdef list out = []
     for i in range(count):
         at = offsets[i] - base
-        if at < 0 or at >= n:      # nothing read there: refused before anything is read
-            _check_frame(NULL, 0, path, first_index + i, offsets[i], lengths[i])
-        _check_frame(&b[0] + at, n - at, path, first_index + i, offsets[i], lengths[i])
-        if pinned:
-            stored = load_u32(&b[0] + at + HEADER + lengths[i])
-            if stored != crcs[i]:
-                raise SourceChangedError(path, crcs[i], stored, offsets[i], first_index + i)
+        _check_indexed(&b[0] if n else NULL, n, at, path, first_index + i, offsets[i], lengths[i],
+                       &crcs[i] if pinned else NULL)
         if views:
             out.append(whole[at + HEADER:at + HEADER + lengths[i]])
         else:
@@ -358,25 +368,19 @@ cdef class IndexedFrames(Frames):
         PyMem_Free(self._runs)
 
     cdef int next_frame(self, bint check_data, const uint8_t **data, Py_ssize_t *size) except -1:
+        """Always checks both CRCs and the indexed one, whatever ``check_data``."""
         cdef FramedRun *r
         cdef Py_ssize_t i
         cdef int64_t at, length
-        cdef uint32_t stored
         while self._run < self._nruns and self._at == self._runs[self._run].count:
             self._run += 1
             self._at = 0
         if self._run == self._nruns:
             return 0
         r, i = &self._runs[self._run], self._at
-        path = self._paths[r.file]
         at, length = r.offsets[i] - r.base, r.lengths[i]
-        if at < 0 or at >= r.avail:      # nothing read there
-            _check_frame(NULL, 0, path, r.first + i, r.offsets[i], length)
-        _check_frame(r.data + at, r.avail - at, path, r.first + i, r.offsets[i], length)
-        if r.crcs != NULL:
-            stored = load_u32(r.data + at + HEADER + length)
-            if stored != r.crcs[i]:
-                raise SourceChangedError(path, r.crcs[i], stored, r.offsets[i], r.first + i)
+        _check_indexed(r.data, r.avail, at, self._paths[r.file], r.first + i, r.offsets[i], length,
+                       &r.crcs[i] if r.crcs != NULL else NULL)
         data[0] = r.data + at + HEADER
         size[0] = <Py_ssize_t>length
         self._at += 1

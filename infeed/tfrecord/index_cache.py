@@ -63,9 +63,15 @@ def cached_index_path(index_dir, identity: tuple[str, int, int]) -> str:
     return os.path.join(os.fspath(index_dir), f"{digest}-{size}-{mtime_ns}{INDEX_SUFFIX}")
 
 
-def load_cached_index(path, index_dir, located: bool = False):
+def load_cached_index(path, index_dir) -> RecordIndex | None:
     """The index of ``path`` from its entry in ``index_dir``, or None when there is none for the file as it is
-    now (or no such file); with ``located``, ``(index, the entry's path)``. Raises :class:`~infeed.errors.IndexFileError` naming a damaged entry."""
+    now (or no such file). Raises :class:`~infeed.errors.IndexFileError` naming a damaged entry."""
+    located = _load_cached(path, index_dir)
+    return None if located is None else located[0]
+
+
+def _load_cached(path, index_dir) -> tuple[RecordIndex, str] | None:
+    """:func:`load_cached_index`'s index and the entry it read it from."""
     if not os.path.isdir(index_dir):        # nothing kept: no look-up of the file (a round trip for a bucket's)
         return None
     try:
@@ -75,8 +81,7 @@ def load_cached_index(path, index_dir, located: bool = False):
     entry = cached_index_path(index_dir, identity)
     if not os.path.exists(entry):
         return None
-    index = load_index(path, index_file=entry, data_size=identity[1])
-    return (index, entry) if located else index
+    return load_index(path, index_file=entry, data_size=identity[1]), entry
 
 
 def write_cached_index(index: RecordIndex, index_dir, identity: tuple[str, int, int] | None = None) -> str:
@@ -116,7 +121,7 @@ def locate_index(path, index_dir=None) -> tuple[RecordIndex, str] | None:
     if index is not None or index_dir is False:
         return None if index is None else (index, sidecar)
     index_dir = default_index_dir() if index_dir is None else os.fspath(index_dir)
-    located = load_cached_index(path, index_dir, located=True)
+    located = _load_cached(path, index_dir)
     if located is None:
         name = os.path.basename(split_query(path)[0].rstrip("/"))
         entry, index = _first_found(path, [os.path.join(index_dir, name + suffix) for suffix in TEXT_INDEX_SUFFIXES])

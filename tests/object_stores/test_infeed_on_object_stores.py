@@ -276,7 +276,7 @@ def test_an_unindexed_bucket_is_read_once_to_index_then_each_epoch_reads_each_re
                                    timeout=60) as feed:
                     labels = np.concatenate([np.array(batch["label"]) for batch in feed]).tolist()
                     if w == workers:
-                        indexed, read_by_workers = labels, sum(w.read_bytes for w in feed.stats().workers)
+                        indexed, read_by_workers = labels, sum(s.read_bytes for s in feed.stats().workers)
                 runs.append(proxy.bytes_out - before)
         assert expand_files(f"{folder}/*") == listed                    # nothing written into the bucket
     assert first == second == streamed and sorted(first) == list(range(400))
@@ -294,7 +294,7 @@ def test_the_workers_read_the_indexes_the_daemon_found_and_look_up_nothing(store
     """Each worker looked for each object's sidecar and, without one, the object itself (for its identity in the
     index directory): W times two round trips an object at start-up, before a batch. The daemon finds them once
     and tells the workers where they are."""
-    paths = write_shards(folder, count=4)
+    write_shards(folder, count=4)
     kept = tmp_path / "indexes"
     ds = infeed.Dataset(f"{folder}/part-*.tfrecord", SPEC, batch_size=8, index_dir=kept, build_indexes=True)
     labels_of(ds, workers=1)                                         # built, kept apart from the bucket
