@@ -17,7 +17,7 @@ import time
 from infeed.errors import IndexFileError
 from infeed.tfrecord.files import expand_files
 from infeed.tfrecord.index import INDEX_SUFFIX, build_index, is_index_file, load_index, write_index
-from infeed.tfrecord.index_cache import data_identity, load_cached_index, write_cached_index
+from infeed.tfrecord.index_cache import data_identity, load_cached_index, remove_superseded, write_cached_index
 
 HELP = "write a sidecar of record offsets beside each TFRecord file (or into --output-dir), for random access"
 USAGE_ERRORS = (ValueError,)
@@ -66,6 +66,8 @@ def run(args) -> int:
         reports.append(report)
         if not args.json:
             print(_describe(report), flush=True)
+    if args.output_dir is not None:          # the entries of older versions of these files, unused for a day
+        remove_superseded(args.output_dir, [r["index"] for r in reports if r["status"] == "indexed"])
     if args.json:
         print(json.dumps(reports, indent=2))
         return 0

@@ -24,7 +24,7 @@ from typing import NamedTuple, Sequence
 
 from infeed.errors import IndexFileError, InfeedError
 from infeed.tfrecord.index import _index_uncompressed, compression_of
-from infeed.tfrecord.index_cache import data_identity, write_cached_index
+from infeed.tfrecord.index_cache import data_identity, remove_superseded, write_cached_index
 
 __all__ = ["BUILD_THREADS", "PROGRESS_EVERY_S", "BuildResult", "build_indexes", "compressed_files"]
 
@@ -78,6 +78,7 @@ def build_indexes(paths: Sequence[str], index_dir: str, threads: int = BUILD_THR
     lock = threading.Lock()
     done: list[tuple[str, int, int]] = []
     failure: list[str] = []
+    written: list[str] = []
     last_report = [began]
 
     def one(path: str) -> None:
@@ -90,7 +91,7 @@ def build_indexes(paths: Sequence[str], index_dir: str, threads: int = BUILD_THR
             _log.warning("infeed: %s is not indexed, and streams: %s", path, e)
             return
         try:
-            write_cached_index(index, index_dir, identity)
+            entry = write_cached_index(index, index_dir, identity)
         except IndexFileError as e:                          # changed while it was read
             _log.warning("infeed: %s is not indexed, and streams: %s", path, e)
             return
@@ -101,6 +102,7 @@ def build_indexes(paths: Sequence[str], index_dir: str, threads: int = BUILD_THR
             return
         with lock:
             done.append((path, index.count, index.file_size))
+            written.append(entry)
             now = time.monotonic()
             if now - last_report[0] >= PROGRESS_EVERY_S:
                 last_report[0] = now
@@ -111,6 +113,11 @@ def build_indexes(paths: Sequence[str], index_dir: str, threads: int = BUILD_THR
         for future in [pool.submit(one, p) for p in paths]:
             future.result()
     seconds = time.monotonic() - began
+    try:
+        remove_superseded(index_dir, written)
+    except OSError as e:                                      # kept all: a later build tries again
+        _log.warning("infeed: could not remove the indexes of older versions of these files from %s: %s",
+                     index_dir, e)
     records, nbytes = sum(d[1] for d in done), sum(d[2] for d in done)
     reason = failure[0] if failure else None
     if reason is not None:

@@ -15,12 +15,23 @@ The directory: the ``index_dir`` a :class:`~infeed.Dataset` or ``infeed index --
 the data file comes first (:func:`find_index`). The directory may also hold tfrecord2idx's text indexes (DALI's,
 the tfrecord package's: :mod:`infeed.tfrecord.text_index`) named after their data files, ``NAME.idx`` or
 ``NAME.tfindex``, as DALI's ``idx_files/`` folders do.
+
+What it keeps: an entry's modification time is its last use (a load touches it, at most hourly). A file rewritten
+leaves its old version's entry behind; once a newer version's entry is written, an older one nothing has read for
+:data:`SUPERSEDED_UNUSED_S` (a day) is removed (:func:`remove_superseded`: a day, not at once, so that hosts
+sharing the directory with copies of the same path that differ, as each host's local copy does, do not remove
+each other's). ``infeed gc`` removes entries nothing has read for :data:`UNUSED_DAYS` (:func:`remove_unused`).
+tfrecord2idx indexes are the user's and never removed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import time
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from infeed.errors import IndexFileError
 from infeed.tfrecord.index import INDEX_SUFFIX, RecordIndex, index_path, load_index, write_index
@@ -28,11 +39,30 @@ from infeed.tfrecord.names import path_str, split_query
 from infeed.tfrecord.text_index import TEXT_INDEX_SUFFIXES
 from infeed.tfrecord.reader import _is_uri, remote_file_info
 
-__all__ = ["INDEX_DIR_ENV", "cached_index_path", "data_identity", "default_index_dir", "find_index",
-           "load_cached_index", "locate_index", "write_cached_index"]
+__all__ = ["INDEX_DIR_ENV", "SUPERSEDED_UNUSED_S", "UNUSED_DAYS", "CacheEntry", "cache_entries", "cached_index_path",
+           "data_identity", "default_index_dir", "find_index", "load_cached_index", "locate_index",
+           "remove_superseded", "remove_unused", "write_cached_index"]
 
 #: The environment variable naming the directory of indexes kept apart from the data.
 INDEX_DIR_ENV = "INFEED_INDEX_DIR"
+#: An entry of another version of a file, unused this long (seconds), goes once a newer version's is written.
+SUPERSEDED_UNUSED_S = 24 * 3600
+#: ``infeed gc`` removes the entries unused this many days.
+UNUSED_DAYS = 30
+#: A load touches its entry (its last use) where its last use is older than this (seconds): a write an hour at most.
+_TOUCH_AFTER_S = 3600
+_ENTRY_NAME = re.compile(r"([0-9a-f]{40})-([0-9]+)-(-?[0-9]+)" + re.escape(INDEX_SUFFIX))
+
+
+class CacheEntry(NamedTuple):
+    """An entry of a directory of indexes: its path, the digest of its data file's URI, the data file's size and
+    modification time (ns, -1 unknown) it was built for, its own bytes and its last use (epoch seconds)."""
+    path: str
+    digest: str
+    size: int
+    mtime_ns: int
+    nbytes: int
+    last_used: float
 
 
 def default_index_dir() -> str:
@@ -79,9 +109,19 @@ def _load_cached(path, index_dir) -> tuple[RecordIndex, str] | None:
     except FileNotFoundError:               # gone: nothing to read it by (reading it names it, at its batch)
         return None
     entry = cached_index_path(index_dir, identity)
-    if not os.path.exists(entry):
+    try:
+        last_used = os.stat(entry).st_mtime
+    except OSError:                         # none (or a directory this user cannot search: none to read)
         return None
-    return load_index(path, index_file=entry, data_size=identity[1]), entry
+    index = load_index(path, index_file=entry, data_size=identity[1])
+    if index is None:                       # removed since (infeed gc, or a newer version's build): none
+        return None
+    if time.time() - last_used > _TOUCH_AFTER_S:
+        try:
+            os.utime(entry)
+        except OSError:                     # a read-only directory: its entries are never removed by their use
+            pass
+    return index, entry
 
 
 def write_cached_index(index: RecordIndex, index_dir, identity: tuple[str, int, int] | None = None) -> str:
@@ -96,6 +136,60 @@ def write_cached_index(index: RecordIndex, index_dir, identity: tuple[str, int, 
         raise IndexFileError(index.path, f"the index covers {index.file_size} bytes, the file has {now[1]}")
     os.makedirs(index_dir, exist_ok=True)
     return write_index(index, cached_index_path(index_dir, now))
+
+
+def cache_entries(index_dir) -> list[CacheEntry]:
+    """The entries of ``index_dir`` (named as :func:`cached_index_path` names them; nothing else in it), oldest
+    use first; none where it does not exist."""
+    index_dir = os.fspath(index_dir)
+    try:
+        names = os.listdir(index_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    entries = []
+    for name in names:
+        match = _ENTRY_NAME.fullmatch(name)
+        if match is None:
+            continue
+        path = os.path.join(index_dir, name)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:                  # removed meanwhile, by another process
+            continue
+        entries.append(CacheEntry(path, match[1], int(match[2]), int(match[3]), st.st_size, st.st_mtime))
+    return sorted(entries, key=lambda e: e.last_used)
+
+
+def remove_superseded(index_dir, written: Iterable[str], unused_s: float = SUPERSEDED_UNUSED_S) -> list[CacheEntry]:
+    """Removes the entries of ``index_dir`` for other versions of the files of the entries ``written`` (the same
+    URI, another size or modification time) that nothing has used for ``unused_s`` seconds; returns them."""
+    written = {os.path.basename(path) for path in written}
+    digests = {name[:40] for name in written}
+    if not digests:
+        return []
+    now = time.time()
+    stale = [e for e in cache_entries(index_dir) if e.digest in digests and os.path.basename(e.path) not in written
+             and now - e.last_used > unused_s]
+    return _removed(stale)
+
+
+def remove_unused(index_dir, days: float = UNUSED_DAYS, dry_run: bool = False) -> list[CacheEntry]:
+    """Removes (or with ``dry_run`` only lists) the entries of ``index_dir`` that nothing has used for ``days``
+    days; returns them."""
+    old = [e for e in cache_entries(index_dir) if time.time() - e.last_used > days * 86400]
+    return old if dry_run else _removed(old)
+
+
+def _removed(entries: list[CacheEntry]) -> list[CacheEntry]:
+    """Those of ``entries`` this process removed (one gone meanwhile was another's to remove)."""
+    out = []
+    for entry in entries:
+        try:
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            continue
+        out.append(entry)
+    return out
 
 
 def find_index(path, index_dir=None) -> RecordIndex | None:

@@ -2,8 +2,10 @@
 found by a Dataset's index_dir after any sidecar, keyed by the file's path and identity, checked when loaded,
 written whole by writers racing for the same entry."""
 
+import errno
 import os
 import threading
+import time
 
 import pytest
 
@@ -13,8 +15,9 @@ from infeed.commands.cli import main
 from infeed.errors import IndexFileError
 from infeed.tfrecord import _tfrecord
 from infeed.tfrecord.index import build_index, load_index, write_index
-from infeed.tfrecord.index_cache import (INDEX_DIR_ENV, cached_index_path, data_identity, default_index_dir,
-                                         find_index, load_cached_index, write_cached_index)
+from infeed.tfrecord.index_build import build_indexes
+from infeed.tfrecord.index_cache import (INDEX_DIR_ENV, cache_entries, cached_index_path, data_identity,
+                                         default_index_dir, find_index, load_cached_index, write_cached_index)
 from tfrecord_files import write_example_shards
 
 SPEC = {"id": FixedLen((), "int64")}
@@ -145,3 +148,68 @@ def test_no_kept_directory_costs_no_look_up_of_the_data(tmp_path, shards, monkey
 
     monkeypatch.setattr(index_cache, "data_identity", refuse)       # a round trip per object for a bucket's
     assert find_index(shards[0], tmp_path / "none here") is None
+
+
+def _age(path, days: float) -> None:
+    """Makes ``path``'s last use ``days`` days ago."""
+    when = os.stat(path).st_mtime - days * 86400
+    os.utime(path, (when, when))
+
+
+def _rewrite(path, ids) -> None:
+    """Writes ``path`` again with other records (another size), as a dataset regenerated in place."""
+    with infeed.TFRecordWriter(path) as w:
+        for i in ids:
+            w.write(infeed.encode_example({"id": [i]}))
+
+
+def test_an_older_versions_entry_goes_once_a_newer_one_is_built_and_it_is_unused_for_a_day(tmp_path, shards):
+    kept = tmp_path / "indexes"
+    build_indexes(shards, kept)
+    old_entry, other = (cached_index_path(kept, data_identity(p)) for p in shards)
+    _rewrite(shards[0], range(100, 115))
+    new_entry = cached_index_path(kept, data_identity(shards[0]))
+    assert new_entry != old_entry
+    build_indexes([shards[0]], kept)                    # the old entry was used today: kept (a host may read it)
+    assert os.path.exists(old_entry) and os.path.exists(new_entry)
+    _age(old_entry, 2)
+    _age(other, 2)                                      # another file's entry: never superseded by this one
+    _rewrite(shards[0], range(200, 216))
+    build_indexes([shards[0]], kept)
+    assert not os.path.exists(old_entry) and os.path.exists(other)
+    assert os.path.exists(new_entry)                    # the version before, used today, stays a day
+    assert load_cached_index(shards[0], kept).count == 16
+
+
+def test_a_load_marks_its_entry_used_and_gc_removes_only_entries_unused_for_a_month(tmp_path, shards, capsys):
+    kept = tmp_path / "indexes"
+    build_indexes(shards, kept)
+    used, unused = (cached_index_path(kept, data_identity(p)) for p in shards)
+    (kept / "train-00000-of-00002.idx").write_text("0 12\n")   # a tfrecord2idx index: the user's, never removed
+    _age(kept / "train-00000-of-00002.idx", 90)
+    for entry in (used, unused):
+        _age(entry, 40)
+    assert load_cached_index(shards[0], kept).count == 12
+    assert time.time() - os.stat(used).st_mtime < 60
+    assert [e.path for e in cache_entries(kept)] == [unused, used]               # oldest use first
+    assert main(["gc", "--dry-run", "--index-dir", str(kept)]) == 0
+    assert f"would remove {unused}" in capsys.readouterr().out and os.path.exists(unused)
+    assert main(["gc", "--index-dir", str(kept)]) == 0
+    out = capsys.readouterr().out
+    assert f"removed {unused}" in out and "removed 1 index(es)" in out and used not in out
+    assert sorted(os.listdir(kept)) == sorted([os.path.basename(used), "train-00000-of-00002.idx"])
+    assert main(["gc", "--index-dir", str(kept), "--unused-days", "0"]) == 0      # every entry, used or not
+    assert os.listdir(kept) == ["train-00000-of-00002.idx"]
+
+
+def test_a_read_only_directory_of_indexes_is_read_without_marking_its_entries(tmp_path, shards, monkeypatch):
+    kept = tmp_path / "indexes"
+    build_indexes(shards, kept)
+    entry = cached_index_path(kept, data_identity(shards[0]))
+    _age(entry, 40)
+    before = os.stat(entry).st_mtime
+
+    def read_only(*args, **kwargs):                     # a read-only mount: root cannot write it either
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    monkeypatch.setattr(os, "utime", read_only)
+    assert load_cached_index(shards[0], kept).count == 12 and os.stat(entry).st_mtime == before
