@@ -119,6 +119,13 @@ def make_records(layout: Layout, records: int, seed: int = 0) -> list[bytes]:
     return [infeed.encode_example(row) for row in layout.rows(_rng(layout, seed), records)]
 
 
+def record_bytes(layout: Layout, seed: int = 0, sample: int = 64) -> float:
+    """The mean bytes a record of ``layout`` takes in a file (its TFRecord framing, 16 bytes, included), over the
+    first ``sample`` records of ``seed``'s data."""
+    records = make_records(layout, sample, seed)
+    return sum(len(r) + 16 for r in records) / len(records)
+
+
 def write_dataset(layout: Layout, path, records: int, seed: int = 0) -> Dataset:
     """Writes ``records`` records of ``layout`` to ``path`` with infeed's TFRecordWriter."""
     path = os.fspath(path)

@@ -32,6 +32,10 @@ it times, interleaved (A B C A B C ...):
   ``infeed index`` sidecar, so that each worker reads only its own batches
   (a batch's records with one ``pread``), where without one it passes the
   other workers' batches by their framing.
+- ``daemon W=w, as by default`` (W >= 2): the file with no sidecar, as most users' are, through a ``Dataset``
+  left at its defaults (``build_indexes="auto"``): its first run (the untimed warm-up) builds the index into the
+  run's own index directory, and the timed runs read through it. Against ``indexed`` it is the cost of having
+  no index by hand: equal within the noise once built.
 - ``daemon W=w, busy consumer``: the consumer works for a fixed time per batch
   (``B / parse rate``: the single-process decode time of one batch, measured
   by the ``parse`` rows first), so that with W=1 consumer and worker are about
@@ -95,7 +99,7 @@ from bench.peers.parallel_parse import ParallelParse
 from bench.suites import decode_suite
 from bench.suites.daemon_runs import SLOTS, WARMUP, DaemonCase, framed_sizes, steady_figure
 
-__all__ = ["run", "record_count", "daemon_name", "startup_name", "busy_name", "startup_timing",
+__all__ = ["run", "record_count", "daemon_name", "default_name", "startup_name", "busy_name", "startup_timing",
            "every_worker_timing", "cpu_timing", "Work", "sleep_overshoot", "check_same_batches",
            "handoff_samples", "BATCH_SIZE", "SLOTS", "SLOT_SWEEP", "WORKERS", "MIN_BATCHES", "SMALLEST",
            "PARSE", "HANDOFF", "HANDOFF_TARGET_US", "TARGETS", "target_of",
@@ -151,6 +155,16 @@ def daemon_name(workers: int) -> str:
 
 def indexed_name(workers: int) -> str:
     return f"daemon W={workers}, indexed"
+
+
+def default_name(workers: int) -> str:
+    return f"daemon W={workers}, as by default"
+
+
+def _by_default(workers: list[int]) -> list[int]:
+    """The worker counts whose ``as by default`` row is timed: where the default builds an index (else it is
+    the streamed row itself)."""
+    return [w for w in workers if w >= infeed.daemon.dataset.LOCAL_BUILD_WORKERS]
 
 
 def startup_name(workers: int) -> str:
@@ -357,8 +371,8 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     check_same_batches(ds, dataset, max(workers))
     refused = {w: why for w in workers if (why := steady_refusal(w, n_batches))}
     for w, why in refused.items():
-        result.refuse(name, [daemon_name(w), indexed_name(w), startup_name(w), *(busy_name(w, n) for n in slots)],
-                      why)
+        result.refuse(name, [daemon_name(w), indexed_name(w), *(default_name(w) for _ in _by_default([w])),
+                             startup_name(w), *(busy_name(w, n) for n in slots)], why)
     timed = [w for w in workers if w not in refused]
 
     # Phase 1: the parse baseline and the do-nothing consumers.
@@ -367,12 +381,16 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     idle = {w: DaemonCase(daemon_name(w), dataset, w) for w in timed}
     indexed = infeed.Dataset(datasets.indexed_link(ds.path), spec, batch_size=b, num_epochs=1)
     through_index = {w: DaemonCase(indexed_name(w), indexed, w) for w in timed}
+    # No sidecar, the defaults: the warm-up builds the index (into the run's own INFEED_INDEX_DIR), the runs read it.
+    by_default = infeed.Dataset(ds.path, spec, batch_size=b, num_epochs=1)
+    defaults = {w: DaemonCase(default_name(w), by_default, w) for w in _by_default(timed)}
     with contextlib.ExitStack() as stack:
         parallel = [Case(parallel_name(w), stack.enter_context(ParallelParse(ds.path, name, b, w)).run,
                          w * ds.records, w * ds.nbytes) for w in workers if w > 1]
         settle_allocator()
         measured = interleave([parse, *parallel, *(c.case(all_records, all_bytes)
-                                                   for c in [*idle.values(), *through_index.values()])],
+                                                   for c in [*idle.values(), *through_index.values(),
+                                                             *defaults.values()])],
                               repeats, WARMUP)
     parse_figure = dataclasses.replace(measured[0].figure(SUITE, name), batches=-(-len(sizes) // b))
     result.figures.append(parse_figure)
@@ -381,8 +399,8 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     for w, c in idle.items():
         result.params.setdefault("feed_spin_s", {})[w] = c.spin
         result.figures.append(steady_figure(c, daemon_name(w), name, sizes, b, n_batches, SUITE))
-    for w, c in through_index.items():
-        result.figures.append(steady_figure(c, indexed_name(w), name, sizes, b, n_batches, SUITE))
+    for c in [*through_index.values(), *defaults.values()]:
+        result.figures.append(steady_figure(c, c.name, name, sizes, b, n_batches, SUITE))
     for w, c in idle.items():
         whole = Case(startup_name(w), c.run, all_records, all_bytes)
         result.figures.append(dataclasses.replace(Measurement(whole, c.after_made[WARMUP:]).figure(SUITE, name),
@@ -419,7 +437,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     else:
         result.notes.append(f"hand-off, {name}: not measured ({len(sizes)} records are too few for a round)")
 
-    for c in [*idle.values(), *through_index.values(), *busy.values()]:
+    for c in [*idle.values(), *through_index.values(), *defaults.values(), *busy.values()]:
         result.stages.append(stage_breakdown(name, c.name, c.median_stages()))
     result.add_scaling(name, "idle consumer", {w: daemon_name(w) for w in workers},
                        {1: PARSE, **{w: parallel_name(w) for w in workers if w > 1}})
@@ -430,6 +448,7 @@ def _measure_layout(result: SuiteResult, ds: datasets.Dataset, b: int, workers: 
     pairs += [(parallel_name(w), PARSE) for w in workers if w > 1]
     pairs += [(indexed_name(w), daemon_name(w)) for w in workers]
     pairs += [(indexed_name(w), indexed_name(base)) for w in workers if w != base]
+    pairs += [(default_name(w), indexed_name(w)) for w in _by_default(workers)]
     rate = lambda n: result.rate(name, n)        # noqa: E731
     for num, den in pairs:
         result.add_ratio(name, f"{num} / {den}", lambda: rate(num) / rate(den), *target_of(num, den, name))

@@ -83,8 +83,8 @@ def _run(tmp_path, capsys, *extra):
 
 
 def _daemon_figures(w, slots):
-    return [suite.daemon_name(w), suite.indexed_name(w), suite.startup_name(w),
-            *(suite.busy_name(w, n) for n in sorted({suite.SLOTS, *slots}))]
+    return [suite.daemon_name(w), suite.indexed_name(w), *([suite.default_name(w)] if w >= 2 else []),
+            suite.startup_name(w), *(suite.busy_name(w, n) for n in sorted({suite.SLOTS, *slots}))]
 
 
 def _expected(workers, slots=suite.SLOT_SWEEP, layout="mnist", refused=()):
@@ -103,6 +103,7 @@ def _expected(workers, slots=suite.SLOT_SWEEP, layout="mnist", refused=()):
     ratios.update({f"{suite.indexed_name(w)} / {suite.daemon_name(w)}": None for w in workers})
     ratios.update({f"{suite.indexed_name(w)} / {suite.indexed_name(base)}": None for w in workers if w != base})
     ratios.update({suite.scaling_name(w): None for w in workers if w > 1 and base == 1})
+    ratios.update({f"{suite.default_name(w)} / {suite.indexed_name(w)}": None for w in workers if w >= 2})
     refused_ratios = {name for name in ratios if any(re.search(rf"W={w}\b", name) for w in refused)}
     refused_figures = [name for w in refused for name in _daemon_figures(w, slots)]
     return (figures, timings, {n: t for n, t in ratios.items() if n not in refused_ratios}, refused_figures,
