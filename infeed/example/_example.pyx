@@ -55,6 +55,7 @@ DEF OUT_F16 = 5
 DEF OUT_I8 = 6
 DEF OUT_I16 = 7
 DEF OUT_U16 = 8
+DEF OUT_BOOL = 9          # int64_list values 0 and 1 (TFDS's bools), one byte each
 
 # Layouts.
 DEF LAYOUT_FIXED = 0
@@ -256,8 +257,10 @@ cdef struct Sink:
 
 
 cdef inline int put_small_int(Sink *s, int64_t v) noexcept nogil:
-    """Stores ``v`` as the sink's 8- or 16-bit integer type: -1 (``range_value`` set) when it does not fit."""
-    if s.out_type == OUT_U8 and 0 <= v <= 255:
+    """Stores ``v`` as the sink's 8- or 16-bit integer type or bool: -1 (``range_value`` set) when it does not fit."""
+    if s.out_type == OUT_BOOL and 0 <= v <= 1:
+        (<uint8_t *>s.dst)[s.count] = <uint8_t>v
+    elif s.out_type == OUT_U8 and 0 <= v <= 255:
         (<uint8_t *>s.dst)[s.count] = <uint8_t>v
     elif s.out_type == OUT_I8 and -128 <= v <= 127:
         (<int8_t *>s.dst)[s.count] = <int8_t>v
@@ -742,10 +745,11 @@ cdef int decode_row(const uint8_t *rec, Py_ssize_t n, Plan *plan, int nfeat, con
 
 
 cdef dict _OUT_TYPES = {"float32": OUT_F32, "int64": OUT_I64, "int32": OUT_I32, "uint8": OUT_U8,
-                        "bfloat16": OUT_BF16, "float16": OUT_F16, "int8": OUT_I8, "int16": OUT_I16, "uint16": OUT_U16}
+                        "bfloat16": OUT_BF16, "float16": OUT_F16, "int8": OUT_I8, "int16": OUT_I16, "uint16": OUT_U16,
+                        "bool": OUT_BOOL}
 #: Bytes per element of each output type.
 cdef dict _ITEM_BYTES = {OUT_F32: 4, OUT_I64: 8, OUT_I32: 4, OUT_U8: 1, OUT_BF16: 2, OUT_F16: 2, OUT_I8: 1, OUT_I16: 2,
-                         OUT_U16: 2}
+                         OUT_U16: 2, OUT_BOOL: 1}
 cdef dict _LAYOUTS = {"fixed": LAYOUT_FIXED, "varlen": LAYOUT_VARLEN, "bytes": LAYOUT_BYTES, "span": LAYOUT_SPAN}
 cdef dict _KINDS = {"bytes": KIND_BYTES, "float": KIND_FLOAT, "int64": KIND_INT64}
 

@@ -30,7 +30,7 @@ _NORMALISED_DTYPES = ("float32", "float16", "bfloat16", "int8", "int16")
 #: each int64 value fits the integer types narrower than int64.
 NUMERIC_DTYPES = {"float32": "float", "bfloat16": "float", "float16": "float",
                   "int64": "int64", "int32": "int64", "int16": "int64", "uint16": "int64", "int8": "int64",
-                  "uint8": "int64"}
+                  "uint8": "int64", "bool": "int64"}
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -78,7 +78,8 @@ class FixedLen:
         last two rounded to nearest even from float32, too large -> inf) or
         ``"int64"``, ``"int32"``, ``"int16"``, ``"uint16"``, ``"int8"``,
         ``"uint8"`` (int64_list; a value outside the type's range is a
-        DecodeError).  The narrow types halve or quarter what the ring holds and
+        DecodeError), or ``"bool"`` (int64_list values 0 and 1, as TFDS stores
+        bools; any other value is a DecodeError).  The narrow types halve or quarter what the ring holds and
         the device receives.
     default: used when a record lacks the feature; a scalar (broadcast) or an
         array of ``shape``, representable in ``dtype`` (integers exactly, floats

@@ -102,6 +102,20 @@ def test_integers_at_their_bounds_decode_and_one_past_is_a_decode_error(dtype):
             assert str(outside) in str(info.value)
 
 
+def test_bools_are_int64_values_zero_and_one_and_any_other_is_a_decode_error():
+    spec = {"flag": FixedLen((), "bool"), "flags": VarLen("bool", max_len=3), "off": FixedLen((2,), "bool", default=0)}
+    got = infeed.parse_examples([infeed.encode_example({"flag": [1], "flags": [0, 1]}),
+                                 infeed.encode_example({"flag": [0], "flags": [1], "off": [1, 0]})], spec)
+    assert got["flag"].dtype == np.bool_ and got["flag"].tolist() == [True, False]
+    assert got["flags"].values.tolist() == [[False, True, False], [True, False, False]]
+    assert got["flags"].lengths.tolist() == [2, 1] and got["off"].tolist() == [[False, False], [True, False]]
+    for outside in (2, -1):
+        with pytest.raises(infeed.DecodeError, match=f"feature 'flag': expected values that fit bool, found {outside}"):
+            infeed.parse_examples([infeed.encode_example({"flag": [outside], "flags": []})], spec)
+    with pytest.raises(ValueError, match="FixedLen.default 2 does not fit"):
+        FixedLen((), "bool", default=2)
+
+
 def test_values_past_a_varlen_width_are_cut_unchecked_when_truncating():
     got = infeed.parse_examples([infeed.encode_example({"v": [1, 2, 1000]})], {"v": VarLen("uint8", 2, truncate=True)})
     assert got["v"].values.tolist() == [[1, 2]] and got["v"].lengths.tolist() == [2]
