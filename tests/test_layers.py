@@ -2,7 +2,7 @@
 below it; and no module outgrows one reader's sitting (:data:`MAX_MODULE_LINES`).
 
     estimator  ->  xla_runtime, infeed          (xla_runtime and infeed never import each other or estimator)
-    infeed:  commands -> daemon -> ring -> example -> tfrecord -> errors
+    infeed:  commands -> daemon -> ring -> tfds -> example -> tfrecord -> errors
     estimator:  estimator.py, training.py, hooks.py, profiling.py -> loop -> config -> checkpoints -> export
                                                                     summaries.writers -> summaries -> errors
                 (checkpoints, export and summaries never import the loop, the config or each other but for
@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: infeed's parts from the bottom up: a part may import itself and those before it.
-INFEED_LAYERS = ["errors", "tfrecord", "example", "ring", "daemon", "commands"]
+INFEED_LAYERS = ["errors", "tfrecord", "example", "tfds", "ring", "daemon", "commands"]
 #: What each package may import of the project.
 PACKAGES = {"infeed": {"infeed"}, "xla_runtime": {"xla_runtime"}, "estimator": {"estimator", "infeed", "xla_runtime"}}
 #: estimator's parts (a module or a sub-package, by dotted path under estimator/; the longest that holds a module

@@ -8,116 +8,22 @@ when some records lack the feature), ``VarLen`` when the number varies,
 ``Bytes`` for one bytes value per record.  Lists of bytes have no static
 layout yet and are left out, with a comment saying so.
 
->>> summary = summarize("train.tfrecord")                 # doctest: +SKIP
+>>> summary = infeed.example.survey.summarize("train.tfrecord")   # doctest: +SKIP
 >>> spec = eval(suggest_spec(summary), {"infeed": infeed})  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 from infeed.commands.arguments import positive_int
-from infeed.errors import DecodeError
-from infeed.example.codec import decode_example
-from infeed.tfrecord.reader import read_records
+from infeed.example.survey import FeatureStats, FileSummary, summarize
 
-__all__ = ["FeatureStats", "FileSummary", "summarize", "suggest_spec", "format_text", "to_json",
-           "add_arguments", "run", "USAGE_ERRORS"]
+__all__ = ["suggest_spec", "format_text", "to_json", "add_arguments", "run", "USAGE_ERRORS"]
 
 HELP = "summarise a TFRecord file's features and suggest a feature spec that reads it"
 
 _DTYPES = {"float": "float32", "int64": "int64"}
-
-
-@dataclass
-class FeatureStats:
-    """What one feature looks like over the records read.
-
-    kinds: records per kind (``"int64"``, ``"float"``, ``"bytes"``) among
-        those with at least one value; an empty list has no kind that matters,
-        since any empty list decodes as zero values.
-    present: records that have the feature (with values or not).
-    min_values / max_values: fewest and most values in a record that has it.
-    min_bytes / max_bytes: shortest and longest bytes value (None when none).
-    """
-
-    name: str
-    kinds: dict[str, int] = field(default_factory=dict)
-    present: int = 0
-    min_values: int = 0
-    max_values: int = 0
-    min_bytes: int | None = None
-    max_bytes: int | None = None
-
-    @property
-    def kind(self) -> str | None:
-        """The feature's kind; ``"mixed"`` when records disagree; None when no record has values."""
-        if not self.kinds:
-            return None
-        return next(iter(self.kinds)) if len(self.kinds) == 1 else "mixed"
-
-    def add(self, kind, values) -> None:
-        """Counts one record's ``(kind, values)``, as :func:`infeed.decode_example` gives them."""
-        n = len(values)
-        self.min_values = n if not self.present else min(self.min_values, n)
-        self.max_values = max(self.max_values, n)
-        self.present += 1
-        if n:
-            self.kinds[kind] = self.kinds.get(kind, 0) + 1
-        if kind == "bytes" and n:
-            lengths = [len(v) for v in values]
-            shortest, longest = min(lengths), max(lengths)
-            self.min_bytes = shortest if self.min_bytes is None else min(self.min_bytes, shortest)
-            self.max_bytes = longest if self.max_bytes is None else max(self.max_bytes, longest)
-
-
-@dataclass
-class FileSummary:
-    """A file's records and features.
-
-    records: records read.  complete: False when ``max_records`` stopped the
-    read before the end.  record_bytes: (shortest, longest, total) serialized
-    size.  features: per name, in order of first appearance.
-    """
-
-    path: str
-    records: int = 0
-    complete: bool = True
-    record_bytes: tuple[int, int, int] = (0, 0, 0)
-    features: dict[str, FeatureStats] = field(default_factory=dict)
-
-
-def summarize(path: str, max_records: int | None = None, compression: str = "auto") -> FileSummary:
-    """Reads ``path`` (all of it, or its first ``max_records`` records) and counts what its features hold.
-
-    Raises :class:`infeed.CorruptRecordError` for a damaged file and
-    :class:`infeed.DecodeError` (with ``path``) for a record that is not a
-    tf.train.Example.
-    """
-    summary = FileSummary(str(path))
-    shortest, longest, total = None, 0, 0
-    reader = read_records(path, compression=compression)
-    with reader:
-        for index, record in enumerate(reader):
-            if max_records is not None and index >= max_records:
-                summary.complete = False
-                break
-            try:
-                example = decode_example(record, index)
-            except DecodeError as e:
-                raise DecodeError(e.feature, e.record_index, e.expected, e.found, str(path), e.offset) from None
-            for name, (kind, values) in example.items():
-                stats = summary.features.get(name)
-                if stats is None:
-                    stats = summary.features[name] = FeatureStats(name)
-                stats.add(kind, values)
-            shortest = len(record) if shortest is None else min(shortest, len(record))
-            longest = max(longest, len(record))
-            total += len(record)
-            summary.records = index + 1
-    summary.record_bytes = (shortest or 0, longest, total)
-    return summary
 
 
 def suggest_spec(summary: FileSummary) -> str:

@@ -197,6 +197,24 @@ class Dataset:
             raise ValueError(f"build_indexes must be 'auto', True or False, got {build_indexes!r:.80}")
         self.build_indexes = build_indexes
 
+    @classmethod
+    def from_tfds(cls, build, split: str, batch_size: int, *, features=None, images=None, max_lengths=None,
+                  survey_records: int | None = None, **kwargs) -> "Dataset":
+        """A Dataset over split ``split`` of a tensorflow-datasets build, by its own metadata (no TensorFlow or
+        TFDS import): its shards in TFDS's order, the spec of its features (:func:`infeed.tfds.tfds_spec`:
+        ``features`` to read a few, ``images`` for each image feature's size and crop, ``max_lengths`` for
+        the variable-length ones, which are otherwise read from the split's records, all or
+        ``survey_records`` of each shard). ``build``: the build's folder (a dataset, config or version folder
+        with one build in it) or an :class:`infeed.tfds.TfdsBuild`. ``kwargs``: the Dataset's own."""
+        from infeed.tfds import TfdsBuild, open_build, stored_features, tfds_spec
+
+        if not isinstance(build, TfdsBuild):
+            build = open_build(build)
+        files = build.split(split).files
+        spec = tfds_spec(stored_features(build.features), files, features=features, images=images,
+                         max_lengths=max_lengths, survey_records=survey_records)
+        return cls(_Matched(files), spec, batch_size, **kwargs)
+
     # --- derived ------------------------------------------------------------------------------
     @property
     def shards_by_file(self) -> bool:

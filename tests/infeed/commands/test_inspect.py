@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import infeed
-from infeed.commands.inspect import format_text, suggest_spec, summarize, to_json
+from infeed.commands.inspect import format_text, suggest_spec, to_json
+from infeed.example.survey import summarize
 
 
 def write(path, examples, compression=None):
