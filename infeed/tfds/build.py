@@ -66,7 +66,8 @@ def open_build(path) -> TfdsBuild:
     """The TFDS build at ``path``: a version folder (``dataset_info.json`` in it), or a local dataset or config
     folder with exactly one build below it. Raises ValueError naming what it found instead (several configs or
     versions, no build, an ``array_record`` build) and FileNotFoundError naming a missing shard."""
-    folder = _build_folder(path_str(path).rstrip("/"))
+    path = path_str(path)
+    folder = _build_folder((path if _is_uri(path) else os.path.expanduser(path)).rstrip("/"))
     info = _read_json(_join(folder, INFO_FILE))
     features = _read_json(_join(folder, FEATURES_FILE))
     file_format = info.get("fileFormat", "tfrecord")
