@@ -880,7 +880,7 @@ cdef class CompiledSpec:
             PyMem_Free(sizes)
             PyMem_Free(views)
         if failed >= 0:
-            raise self._error(&err, index_base + failed)
+            raise self._error(&err, index_base + failed, records[failed])
 
     def decode_from(self, Frames reader not None, Py_ssize_t n, list values, list lengths, Py_ssize_t row0=0,
                     Py_ssize_t index_base=0):
@@ -906,7 +906,7 @@ cdef class CompiledSpec:
             else:
                 rc = decode_row(data, size, self.plan, self.nfeat, self.table, self.mask, self.found, row0 + r, &err)
             if rc < 0:
-                raise self._error(&err, index_base + r)
+                raise self._error(&err, index_base + r, PyBytes_FromStringAndSize(<const char *>data, size))
             nbytes += size
             r += 1
         return r, nbytes
@@ -939,7 +939,7 @@ cdef class CompiledSpec:
         cdef Plan *pl = &self.plan[i]
         return pl.count * _ITEM_BYTES[pl.out_type]
 
-    cdef object _error(self, Error *err, Py_ssize_t index):
+    cdef object _error(self, Error *err, Py_ssize_t index, object record=None):
         name = self.names[err.feature] if err.feature >= 0 else None
         kind, layout, dtype = self.layout_info[err.feature] if err.feature >= 0 else (None, None, None)
         offset = err.offset if err.offset >= 0 else None
@@ -948,8 +948,10 @@ cdef class CompiledSpec:
             return DecodeError(name, index, "a serialized tf.train.Example",
                                f"invalid protobuf: {what}", offset=offset)
         if err.code == E_MISSING:
-            return DecodeError(name, index, f"a {kind} feature (required: it has no default)",
-                               "no such feature", offset=offset)
+            found = "no such feature" + _features_it_has(record, name)
+            if layout == "span":
+                found += f"; an infeed.Image reads the feature its key= names (here key={name!r})"
+            return DecodeError(name, index, f"a {kind} feature (required: it has no default)", found, offset=offset)
         if err.code == E_KIND:
             return DecodeError(name, index, f"{kind} values",
                                f"{KIND_NAMES.get(err.found_kind, err.found_kind)} values", offset=offset)
@@ -967,6 +969,29 @@ cdef class CompiledSpec:
 
 # ---------------------------------------------------------------------------
 # Schema-less decoding, for inspection.
+
+#: The most feature names a missing feature's error lists.
+_LISTED_NAMES = 8
+
+
+def _features_it_has(record, str missing) -> str:
+    """``": the record has 'a', 'b' (nearest first)"`` for the error of a feature ``missing`` from ``record``, or
+    nothing where the record cannot be read for its names."""
+    if record is None:
+        return ""
+    try:
+        names = list(decode_example(record))
+    except (DecodeError, TypeError):
+        return ""
+    if not names:
+        return ": the record has no features"
+    import difflib
+
+    nearest = sorted(names, key=lambda n: -difflib.SequenceMatcher(None, missing, n).ratio())
+    shown = ", ".join(repr(n) for n in nearest[:_LISTED_NAMES])
+    more = f" and {len(names) - _LISTED_NAMES} more" if len(names) > _LISTED_NAMES else ""
+    return f": the record has {shown}{more} (nearest first)"
+
 
 def decode_example(record, Py_ssize_t record_index=0):
     """``{name: (kind, values)}`` for one serialized Example.

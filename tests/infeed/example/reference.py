@@ -47,7 +47,10 @@ MAX_GROUP_DEPTH = 64
 KINDS = {1: "bytes", 2: "float", 3: "int64"}
 KIND_FIELDS = {v: k for k, v in KINDS.items()}
 SPEC_KINDS = {"float32": "float", "bfloat16": "float", "float16": "float", "int64": "int64", "int32": "int64",
-              "int16": "int64", "uint16": "int64", "int8": "int64", "uint8": "int64"}
+              "int16": "int64", "uint16": "int64", "int8": "int64", "uint8": "int64", "bool": "int64"}
+#: The values each int64-read dtype holds.
+INT_RANGES = {**{d: (np.iinfo(d).min, np.iinfo(d).max) for d in ("int64", "int32", "int16", "uint16", "int8", "uint8")},
+              "bool": (0, 1)}
 
 
 class Malformed(Exception):
@@ -365,7 +368,7 @@ def _present(record, entry, f, layout, want, dtype, width, name, index):
     if kind is not None:
         for v in _list_values(record, run, kind):
             if count < width:              # values past the width are counted, not stored or checked
-                if SPEC_KINDS[dtype] == "int64" and not np.iinfo(dtype).min <= v <= np.iinfo(dtype).max:
+                if SPEC_KINDS[dtype] == "int64" and not INT_RANGES[dtype][0] <= v <= INT_RANGES[dtype][1]:
                     raise RefDecodeError(name, index, "range", str(v))
                 stored.append(v)
             count += 1

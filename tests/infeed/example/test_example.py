@@ -195,6 +195,25 @@ def test_bytes_errors_and_options():
     assert out["id"].values.tolist() == [[110, 97, 0, 0]] and out["id"].lengths.tolist() == [2]
 
 
+def test_a_missing_feature_names_the_features_the_record_has_the_nearest_first(tmp_path):
+    records = [ex(x=1, token=5), ex(tokens=[1, 2], token_ids=[3], label=0, **{f"f{i}": i for i in range(8)})]
+    spec = {"x": FixedLen((), "int64", default=0), "token": FixedLen((), "int64")}
+    message = (r"record 1: feature 'token': expected a int64 feature \(required: it has no default\), found no such "
+               r"feature: the record has 'tokens', 'token_ids', .* and 3 more \(nearest first\)$")
+    with pytest.raises(infeed.DecodeError, match=message) as info:
+        infeed.parse_examples(records, spec)
+    assert info.value.feature == "token" and info.value.record_index == 1
+    path = tmp_path / "r.tfrecord"                   # decoded where it lies in the reader's buffer: the same words
+    with infeed.TFRecordWriter(str(path)) as w:
+        for record in records:
+            w.write(record)
+    parser = infeed.ExampleParser(spec)
+    with infeed.read_records(str(path)) as reader, pytest.raises(infeed.DecodeError, match=message):
+        parser.read_into(reader, 2, parser.allocate(2))
+    with pytest.raises(infeed.DecodeError, match=r"found no such feature: the record has no features$"):
+        infeed.parse_examples([b""], {"id": Bytes(2)})
+
+
 def test_kind_mismatch_names_both_kinds():
     with pytest.raises(infeed.DecodeError) as info:
         infeed.parse_examples([ex(x=[1, 2])], {"x": VarLen("float32", max_len=2)})

@@ -450,8 +450,10 @@ def test_a_bad_image_is_a_decode_error_naming_record_and_feature(name):
 
 def test_a_missing_image_or_two_values_is_a_decode_error():
     parser = ExampleParser({"image": Image(size=(8, 8))})
-    with pytest.raises(DecodeError, match="no such feature"):
-        parser.parse([encode_example({"label": 1})])
+    with pytest.raises(DecodeError, match=r"feature 'image/encoded': .*found no such feature: the record has 'image', "
+                                          r"'label' \(nearest first\); an infeed.Image reads the feature its key= "
+                                          r"names \(here key='image/encoded'\)"):
+        parser.parse([encode_example({"label": 1, "image": [GOOD]})])
     with pytest.raises(DecodeError, match="1 bytes value"):
         parser.parse([encode_example({"image/encoded": [GOOD, GOOD]})])
 

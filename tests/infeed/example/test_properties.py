@@ -149,7 +149,7 @@ def spec_entry(draw, kind, values):
         max_bytes = draw(st.integers(0, first + 2))
         default = draw(st.one_of(st.none(), st.binary(max_size=max_bytes)))
         return Bytes(max_bytes, default=default, truncate=draw(st.booleans()))
-    pad_values = [0, 7] + ([] if dtype.startswith("uint") else [-1]) + (
+    pad_values = [0, 1] if dtype == "bool" else [0, 7] + ([] if dtype.startswith("uint") else [-1]) + (
         [float("nan"), -0.0, 1.5] if NUMERIC_DTYPES[dtype] == "float" else [])
     if draw(st.booleans()):
         count = draw(st.sampled_from([n, n, n + 1, max(n - 1, 0)]))
