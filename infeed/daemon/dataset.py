@@ -49,7 +49,7 @@ from infeed.daemon.functions import load_function
 from infeed.daemon.transforms import check_outputs, outputs_to_json
 from infeed.example.codec import ExampleParser
 from infeed.example.spec import Padded, spec_from_json, spec_to_json
-from infeed.tfrecord.files import expand_files
+from infeed.tfrecord.files import record_files
 from infeed.tfrecord.index import load_index
 from infeed.tfrecord.index_build import BUILD_THREADS, BuildResult, build_indexes, compressed_files
 from infeed.tfrecord.index_cache import default_index_dir, find_index, locate_index
@@ -139,7 +139,7 @@ class Dataset:
                  labels: str | Sequence[str] | None = None, max_record_size: int = MAX_RECORD_SIZE,
                  transform=None, batch_transform=None, outputs: Mapping | None = None,
                  index_dir: str | os.PathLike | bool | None = None, build_indexes: bool | str = "auto"):
-        self.paths = tuple(files) if isinstance(files, _Matched) else tuple(expand_files(files))
+        self.paths = tuple(files) if isinstance(files, _Matched) else tuple(record_files(files))
         self._file_numbers = {path: i for i, path in enumerate(self.paths)}
         self.features = dict(features)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
