@@ -7,7 +7,7 @@ import signal as _signal
 
 __all__ = ["InfeedError", "CorruptRecordError", "CompressedStreamError", "DecodeError", "CORRUPTION_KINDS",
            "TransformError", "WorkerDied", "Timeout", "AttachError", "ShmSpaceError", "IndexFileError", "ColumnError",
-           "ConvertError", "FileSystemConfigError", "SourceChangedError"]
+           "ConvertError", "FileSystemConfigError", "SourceChangedError", "TfdsBuildError"]
 
 #: What `CorruptRecordError.kind` can be, and what each means.
 CORRUPTION_KINDS = {
@@ -255,6 +255,20 @@ class FileSystemConfigError(InfeedError, ValueError):
 
     def __reduce__(self):
         return (type(self), (self.uri, self.problem))
+
+
+class TfdsBuildError(InfeedError, ValueError):
+    """A tensorflow-datasets build that cannot be read as named: no build in the folder, several configs or
+    versions, metadata that is not TFDS's, a feature no spec reads, a split it does not have. Attributes:
+    ``folder`` and ``problem``."""
+
+    def __init__(self, folder, problem):
+        self.folder = folder
+        self.problem = problem
+        super().__init__(f"{folder}: {problem}")
+
+    def __reduce__(self):
+        return (type(self), (self.folder, self.problem))
 
 
 class SourceChangedError(InfeedError, OSError):

@@ -15,6 +15,9 @@ from infeed.tfrecord.reader import read_records
 
 __all__ = ["FeatureStats", "FileSummary", "summarize", "summarize_files"]
 
+_JPEG = b"\xff\xd8\xff"
+_PNG = b"\x89PNG\r\n\x1a\n"
+
 
 @dataclass
 class FeatureStats:
@@ -26,6 +29,8 @@ class FeatureStats:
     present: records that have the feature (with values or not).
     min_values / max_values: fewest and most values in a record that has it.
     min_bytes / max_bytes: shortest and longest bytes value (None when none).
+    images: bytes values that are encoded images, per format (``"JPEG"``, ``"PNG"``), by their first bytes,
+        of ``bytes_values`` in all.
     """
 
     name: str
@@ -35,6 +40,8 @@ class FeatureStats:
     max_values: int = 0
     min_bytes: int | None = None
     max_bytes: int | None = None
+    images: dict[str, int] = field(default_factory=dict)
+    bytes_values: int = 0
 
     @property
     def kind(self) -> str | None:
@@ -54,7 +61,17 @@ class FeatureStats:
         lows = [s.min_bytes for s in (self, other) if s.min_bytes is not None]
         highs = [s.max_bytes for s in (self, other) if s.max_bytes is not None]
         both.min_bytes, both.max_bytes = (min(lows), max(highs)) if lows else (None, None)
+        both.images = {f: self.images.get(f, 0) + other.images.get(f, 0) for f in {**self.images, **other.images}}
+        both.bytes_values = self.bytes_values + other.bytes_values
         return both
+
+    @property
+    def image_format(self) -> str | None:
+        """``"JPEG"`` or ``"PNG"`` where every bytes value seen is an image of that format (or of either:
+        ``"JPEG or PNG"``), else None."""
+        if not self.images or sum(self.images.values()) != self.bytes_values:
+            return None
+        return " or ".join(sorted(self.images)) if len(self.images) > 1 else next(iter(self.images))
 
     def add(self, kind, values) -> None:
         """Counts one record's ``(kind, values)``, as :func:`infeed.decode_example` gives them."""
@@ -65,6 +82,12 @@ class FeatureStats:
         if n:
             self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if kind == "bytes" and n:
+            self.bytes_values += n
+            for v in values:
+                head = v[:8]
+                found = "JPEG" if head[:3] == _JPEG else "PNG" if head == _PNG else None
+                if found:
+                    self.images[found] = self.images.get(found, 0) + 1
             lengths = [len(v) for v in values]
             shortest, longest = min(lengths), max(lengths)
             self.min_bytes = shortest if self.min_bytes is None else min(self.min_bytes, shortest)

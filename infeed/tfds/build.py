@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from infeed.errors import TfdsBuildError
 from infeed.tfrecord.names import path_str
 from infeed.tfrecord.reader import _is_uri, open_input
 
@@ -59,24 +60,25 @@ class TfdsBuild:
         try:
             return self.splits[name]
         except KeyError:
-            raise ValueError(f"{self.folder}: no split {name!r}; the build has {sorted(self.splits)}") from None
+            raise TfdsBuildError(self.folder, f"no split {name!r}; the build has {sorted(self.splits)}") from None
 
 
 def open_build(path) -> TfdsBuild:
     """The TFDS build at ``path``: a version folder (``dataset_info.json`` in it), or a local dataset or config
-    folder with exactly one build below it. Raises ValueError naming what it found instead (several configs or
-    versions, no build, an ``array_record`` build) and FileNotFoundError naming a missing shard."""
+    folder with exactly one build below it. Raises :class:`~infeed.errors.TfdsBuildError` naming what it found
+    instead (several configs or versions, no build, an ``array_record`` build) and FileNotFoundError naming a
+    missing shard."""
     path = path_str(path)
     folder = _build_folder((path if _is_uri(path) else os.path.expanduser(path)).rstrip("/"))
     info = _read_json(_join(folder, INFO_FILE))
     features = _read_json(_join(folder, FEATURES_FILE))
     file_format = info.get("fileFormat", "tfrecord")
     if file_format != "tfrecord":
-        raise ValueError(f"{folder}: a TFDS build of {file_format} files; infeed reads TFRecord builds (TFDS writes "
+        raise TfdsBuildError(folder, f"a TFDS build of {file_format} files; infeed reads TFRecord builds (TFDS writes "
                          "them with file_format='tfrecord', its default)")
     name = info.get("name")
     if not name:
-        raise ValueError(f"{_join(folder, INFO_FILE)}: no dataset name in it")
+        raise TfdsBuildError(_join(folder, INFO_FILE), "no dataset name in it")
     splits = {}
     for split in info.get("splits", []):
         lengths = tuple(int(n) for n in split.get("shardLengths", []))
@@ -98,7 +100,7 @@ def _build_folder(path: str) -> str:
     if _exists(_join(path, INFO_FILE)):
         return path
     if _is_uri(path):
-        raise ValueError(f"{path}: no {INFO_FILE} in it: name the build's version folder "
+        raise TfdsBuildError(path, f"no {INFO_FILE} in it: name the build's version folder "
                          "(<data_dir>/<name>/<config>/<version>)")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such folder")
@@ -109,12 +111,13 @@ def _build_folder(path: str) -> str:
             break
         if len(builds) > 1:
             kind = "versions" if all(_VERSION.fullmatch(b) for b in builds) else "configs"
-            raise ValueError(f"{path} holds several TFDS {kind}: {', '.join(builds)}; name one "
+            raise TfdsBuildError(path, f"holds several TFDS {kind}: {', '.join(builds)}; name one "
                              f"({os.path.join(path, builds[0])})")
         path = os.path.join(path, builds[0])
         if os.path.isfile(os.path.join(path, INFO_FILE)):
             return path
-    raise ValueError(f"{path}: not a TFDS build: no {INFO_FILE} in it or in one config or version folder below it")
+    raise TfdsBuildError(path, f"not a TFDS build: no {INFO_FILE} in it or in one config or version folder "
+                               "below it")
 
 
 def _holds_build(folder: str) -> bool:
@@ -137,8 +140,8 @@ def _shard_name(template: str, dataset: str, split: str, file_format: str, index
         try:
             return values[match[1]]
         except KeyError:
-            raise ValueError(f"the shards' template {template!r} has {{{match[1]}}}, which infeed does not know "
-                             f"(it knows {', '.join(sorted(values))})") from None
+            raise TfdsBuildError(INFO_FILE, f"the shards' template {template!r} has {{{match[1]}}}, which infeed "
+                                            f"does not know (it knows {', '.join(sorted(values))})") from None
     return _PLACEHOLDER.sub(fill, template)
 
 
@@ -170,7 +173,7 @@ def _read_json(path: str) -> dict:
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: missing, which every TFDS build has") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not JSON: {e}") from None
+        raise TfdsBuildError(path, f"not JSON: {e}") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: not a JSON object")
+        raise TfdsBuildError(path, "not a JSON object")
     return doc

@@ -26,8 +26,10 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from infeed.errors import TfdsBuildError
 from infeed.example.spec import Bytes, FixedLen, Image, VarLen
 from infeed.example.survey import summarize_files
+from infeed.tfds.build import FEATURES_FILE
 
 __all__ = ["StoredFeature", "stored_features", "tfds_spec", "OUTPUT_DTYPES"]
 
@@ -62,8 +64,9 @@ class StoredFeature:
 
 
 def stored_features(doc: Mapping) -> list[StoredFeature]:
-    """The Example features of ``features.json``'s document ``doc``, in its order. Raises ValueError naming a
-    feature whose storage infeed cannot read (a sequence of images or texts: lists of bytes)."""
+    """The Example features of ``features.json``'s document ``doc``, in its order. Raises
+    :class:`~infeed.errors.TfdsBuildError` naming a feature whose storage infeed cannot read (a sequence of
+    images or texts: lists of bytes)."""
     return list(_walk(doc, "", ()))
 
 
@@ -79,8 +82,8 @@ def _walk(node: Mapping, name: str, outer: tuple) -> Iterable[StoredFeature]:
         image = node["image"]
         dims = _dims(image.get("shape", {}))
         if outer:
-            raise ValueError(f"feature {name!r}: a sequence of images ({kind}) is a list of encoded images in each "
-                             "record, which no infeed spec reads yet")
+            raise TfdsBuildError(FEATURES_FILE, f"feature {name!r}: a sequence of images ({kind}) is a list of "
+                                 "encoded images in each record, which no infeed spec reads yet")
         channels = dims[-1] if dims and dims[-1] > 0 else None
         yield StoredFeature(name, name, "image", image.get("dtype", "uint8"), dims,
                             image.get("encodingFormat", "png"), channels)
@@ -88,16 +91,17 @@ def _walk(node: Mapping, name: str, outer: tuple) -> Iterable[StoredFeature]:
         yield from _tensor(name, kind, "int64", outer, "none")
     elif "text" in node:
         if outer:
-            raise ValueError(f"feature {name!r}: a sequence of texts is a list of bytes in each record, which no "
-                             "infeed spec reads yet")
+            raise TfdsBuildError(FEATURES_FILE, f"feature {name!r}: a sequence of texts is a list of bytes in "
+                                 "each record, which no infeed spec reads yet")
         yield StoredFeature(name, name, "text", "string", ())
     elif "tensor" in node:
         tensor = node["tensor"]
         yield from _tensor(name, kind, tensor.get("dtype", "float32"), outer + _dims(tensor.get("shape", {})),
                            tensor.get("encoding", "none"))
     else:
-        raise ValueError(f"feature {name!r}: {node.get('pythonClassName', 'an unknown kind')} stores nothing "
-                         "infeed knows how to read (neither a tensor, an image, a text nor a class label)")
+        raise TfdsBuildError(FEATURES_FILE, f"feature {name!r}: {node.get('pythonClassName', 'an unknown kind')} "
+                                 "stores nothing infeed knows how to read (neither a tensor, an image, a text nor a "
+                                 "class label)")
 
 
 def _tensor(name: str, kind: str, dtype: str, dims: tuple, encoding: str) -> Iterable[StoredFeature]:
@@ -106,13 +110,13 @@ def _tensor(name: str, kind: str, dtype: str, dims: tuple, encoding: str) -> Ite
         return
     if dtype in _STRINGS:
         if dims:
-            raise ValueError(f"feature {name!r}: a {kind} of strings of shape {dims} is a list of bytes in each "
-                             "record, which no infeed spec reads yet")
+            raise TfdsBuildError(FEATURES_FILE, f"feature {name!r}: a {kind} of strings of shape {dims} is a list "
+                                 "of bytes in each record, which no infeed spec reads yet")
         yield StoredFeature(name, name, "text", "string", ())
         return
     if dtype not in OUTPUT_DTYPES:
-        raise ValueError(f"feature {name!r}: dtype {dtype}, which infeed does not decode "
-                         f"(it decodes {', '.join(OUTPUT_DTYPES)})")
+        raise TfdsBuildError(FEATURES_FILE, f"feature {name!r}: dtype {dtype}, which infeed does not decode "
+                                 f"(it decodes {', '.join(OUTPUT_DTYPES)})")
     unknown = sum(d < 0 for d in dims)
     if unknown <= 1:
         yield StoredFeature(name, name, "tensor", dtype, dims)

@@ -59,7 +59,7 @@ def test_inspect_prints_a_table_and_the_spec(tmp_path, table_file, capsys):
     (["convert", "{table}", "-o", "{tmp}/t", "--columns", "id,nope"], "no column 'nope'"),
     (["convert", "{tmp}/t.xlsx", "-o", "{tmp}/t"], "cannot tell the format"),
     (["convert", "{tmp}/bad.parquet", "-o", "{tmp}/t"], "column 'when' (timestamp[us]): "),
-    (["inspect", "{tmp}/missing.tfrecord"], "No such file"),
+    (["inspect", "{tmp}/missing.tfrecord"], "no such file"),
 ])
 def test_usage_problems_exit_2_with_a_message_and_no_traceback(tmp_path, table_file, capsys, argv, message):
     (tmp_path / "t.xlsx").write_bytes(b"")

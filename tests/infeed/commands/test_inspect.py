@@ -1,11 +1,20 @@
 """infeed inspect: per-feature statistics, and a suggested spec that parses the file it came from."""
 
+import io
+import json
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
+from PIL import Image as PILImage
 
 import infeed
-from infeed.commands.inspect import format_text, suggest_spec, to_json
+from infeed.commands.cli import main
+from infeed.commands.inspect import SAMPLE_FROM_FILES, SAMPLE_RECORDS, format_text, suggest_spec, to_json
 from infeed.example.survey import summarize
+
+TFDS_BUILD = Path(__file__).resolve().parents[2] / "fixtures" / "tfds" / "infeed_fixture" / "jpeg" / "1.0.0"
 
 
 def write(path, examples, compression=None):
@@ -103,7 +112,7 @@ def test_json_summary_holds_the_statistics_and_spec(tmp_path):
     data = to_json(summarize(write(tmp_path / "m.tfrecord", mixed_examples())))
     assert data["records"] == 20 and data["complete"] is True
     assert data["features"]["id"] == {"kind": "bytes", "kinds": {"bytes": 16}, "present": 16,
-                                      "values": {"min": 1, "max": 1}, "bytes": {"min": 4, "max": 10}}
+                                      "values": {"min": 1, "max": 1}, "bytes": {"min": 4, "max": 10}, "images": {}}
     assert "tokens" in eval_spec(data["suggested_spec"])
 
 
@@ -127,3 +136,64 @@ def test_corrupt_file_raises_with_file_record_and_offset(tmp_path):
     with pytest.raises(infeed.CorruptRecordError) as caught:
         summarize(path)
     assert (caught.value.path, caught.value.record_index) == (path, 2)
+
+
+def _image(fmt: str) -> bytes:
+    out = io.BytesIO()
+    PILImage.new("RGB", (5, 3), (10, 20, 30)).save(out, fmt)
+    return out.getvalue()
+
+
+def test_several_files_a_glob_and_a_folder_merge_and_images_are_suggested_as_images(tmp_path, capsys):
+    for k in range(3):
+        write(tmp_path / "d" / f"s-{k}.tfrecord" if (tmp_path / "d").mkdir(exist_ok=True) is None else None,
+              [{"photo": [_image("JPEG" if k else "PNG")], "tokens": np.arange(k + 1), "label": k}])
+    (tmp_path / "d" / "notes.json").write_text("{}")
+    for args in ([str(tmp_path / "d")], [str(tmp_path / "d" / "s-*.tfrecord")],
+                 [str(tmp_path / "d" / f"s-{k}.tfrecord") for k in range(3)]):
+        assert main(["inspect", *args]) == 0
+        text = capsys.readouterr().out
+        assert text.startswith(f"3 files ({tmp_path / 'd' / 's-0.tfrecord'}, ...): 3 records, ")
+        code = text.split("suggested spec:\n", 1)[1]
+        assert '"photo": infeed.Image(key="photo", size=(224, 224)),  # JPEG or PNG images: choose the size' in code
+        assert eval_spec(code) == {"photo": infeed.Image(key="photo", size=(224, 224)),
+                                   "tokens": infeed.VarLen("int64", max_len=3), "label": infeed.FixedLen((), "int64")}
+    assert main(["inspect", "--json", str(tmp_path / "d")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["files"] == 3 and doc["features"]["photo"]["images"] == {"JPEG": 2, "PNG": 1}
+
+
+def test_many_files_are_sampled_and_say_so(tmp_path, capsys):
+    n = SAMPLE_FROM_FILES + 1
+    for k in range(n):
+        write(tmp_path / f"s-{k:03d}.tfrecord", [{"x": i} for i in range(SAMPLE_RECORDS + 1)])
+    assert main(["inspect", str(tmp_path / "s-*.tfrecord")]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"{n} files (") and f"a sample of {n * SAMPLE_RECORDS:,} records, the first of each " \
+                                                "file (more follow; --all reads all)" in text
+    assert f"# from a sample, the first records of each of {n} files ({n * SAMPLE_RECORDS:,} in all)" in text
+    assert main(["inspect", "--all", str(tmp_path / "s-*.tfrecord")]) == 0
+    assert f"{n} files (" in (out := capsys.readouterr().out) and f": {n * (SAMPLE_RECORDS + 1):,} records, " in out
+
+
+def test_a_tfds_build_is_inspected_by_its_metadata(tmp_path, capsys):
+    assert main(["inspect", str(TFDS_BUILD.parent)]) == 0               # the config folder: its one version
+    text = capsys.readouterr().out
+    assert text.splitlines()[:3] == [
+        f"{TFDS_BUILD}: TFDS build infeed_fixture, config jpeg, version 1.0.0",
+        f"  split train: 3 shards, 20 examples ({TFDS_BUILD / 'infeed_fixture-train.tfrecord-00000-of-00003'}, ...)",
+        f"  split test: 3 shards, 6 examples ({TFDS_BUILD / 'infeed_fixture-test.tfrecord-00000-of-00003'}, ...)"]
+    code = text.split("all its records):\n", 1)[1]
+    assert '"matrix": infeed.FixedLen((2, 3), "int64"),' in code                  # shapes from features.json
+    assert '"image": infeed.Image(key="image", size=(224, 224), channels=3),  # JPEG images of any size' in code
+    spec = eval_spec(code)
+    assert spec["thumbnail"] == infeed.Image(key="thumbnail", size=(8, 8), channels=3, resize=None)
+    assert spec["flag"] == infeed.FixedLen((), "bool") and spec["tokens"] == infeed.VarLen("int64", max_len=8)
+    assert main(["inspect", "--json", "--split", "test", str(TFDS_BUILD)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["spec_split"] == "test" and [len(doc["splits"][s]["files"]) for s in ("train", "test")] == [3, 3]
+    assert sum(doc["splits"]["test"]["examples"]) == 6 and "infeed.Image" in doc["suggested_spec"]
+    both = tmp_path / "infeed_fixture"
+    shutil.copytree(TFDS_BUILD.parents[1], both)
+    assert main(["inspect", str(both)]) == 2                             # two configs: named
+    assert "holds several TFDS configs: jpeg, png" in capsys.readouterr().err

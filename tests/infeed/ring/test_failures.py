@@ -31,6 +31,7 @@ SAMPLES = {
                                                          (4096, WHEN + datetime.timedelta(seconds=2)), 1 << 20),
     errors.ColumnError: errors.ColumnError("x", "list<string>", "not a number", 3, "t.parquet"),
     errors.ConvertError: errors.ConvertError("no input matches 'x/*.parquet'"),
+    errors.TfdsBuildError: errors.TfdsBuildError("/data/mnist", "holds several TFDS configs: a, b; name one"),
 }
 
 
