@@ -145,7 +145,7 @@ class Daemon(Feed):
         index_files = dataset.index_files()
         if not index_files and dataset.build_missing_indexes(num_workers) is not None:
             index_files = dataset.index_files()
-        if dataset.shuffle == "global" and not index_files:
+        if dataset.needs_indexes and not index_files:
             dataset.indexes()                   # raises, naming a file without a usable index
         slots = max(slots, num_workers)
         removed = collect_orphans()             # rings of this user's processes killed before they could

@@ -11,8 +11,12 @@ The order, per epoch ``e`` (0, 1, ...):
 1. the files of this host's shard (every ``num_shards``-th file from
    ``shard_index`` when there are at least ``num_shards`` files; all of them
    otherwise), shuffled with ``(seed, e)`` when ``shuffle_files``;
-2. their records, one file after another (with fewer files than shards, every
-   ``num_shards``-th record of that stream from ``shard_index``);
+2. their records, one file after another, or with ``interleave=(cycle, block)``
+   interleaved as tf.data's and TFDS's ``interleave`` takes them: ``cycle`` files
+   open at once, ``block`` records from each in turn, a file that ends replaced by
+   the next (needs record indexes, built for it where missing: TFDS reads a split
+   with ``(16, 16)``); with fewer files than shards, every ``num_shards``-th record
+   of that stream from ``shard_index``;
 3. with ``shuffle_buffer=N > 1``, passed through a buffer of N records drawn
    at random with ``(seed, e)``; with ``shuffle="global"`` (needs ``infeed
    index`` sidecars), a uniform permutation of the epoch's records instead
@@ -129,6 +133,11 @@ class Dataset:
     shuffle; ``s3://`` objects with 2 workers or more and no ``shuffle_buffer``, each worker of which would
     stream every object; local files from LOCAL_BUILD_WORKERS workers on), True always, False never: the
     workers stream (each reads every record), as with compressed files.
+
+    ``interleave``: ``(cycle, block)``, the files' records interleaved as tf.data's ``interleave(cycle_length,
+    block_length)`` (and TFDS's reads of a split: ``(16, 16)`` by default) takes them, the same for any
+    worker count and after a resume; None: one file after another. It reads through record indexes (a global
+    shuffle's), built for it where missing unless ``build_indexes=False``.
     """
 
     def __init__(self, files: str | os.PathLike | Sequence, features: Mapping, batch_size: int, *,
@@ -138,7 +147,8 @@ class Dataset:
                  compression: str | None = "auto", skip_corrupt: bool = False,
                  labels: str | Sequence[str] | None = None, max_record_size: int = MAX_RECORD_SIZE,
                  transform=None, batch_transform=None, outputs: Mapping | None = None,
-                 index_dir: str | os.PathLike | bool | None = None, build_indexes: bool | str = "auto"):
+                 index_dir: str | os.PathLike | bool | None = None, build_indexes: bool | str = "auto",
+                 interleave: Sequence[int] | None = None):
         self.paths = tuple(files) if isinstance(files, _Matched) else tuple(record_files(files))
         self._file_numbers = {path: i for i, path in enumerate(self.paths)}
         self.features = dict(features)
@@ -196,6 +206,12 @@ class Dataset:
         if not (build_indexes is True or build_indexes is False or build_indexes == "auto"):
             raise ValueError(f"build_indexes must be 'auto', True or False, got {build_indexes!r:.80}")
         self.build_indexes = build_indexes
+        if interleave is not None:
+            if isinstance(interleave, (str, bytes)) or not isinstance(interleave, Sequence) or len(interleave) != 2:
+                raise ValueError(f"interleave must be a (cycle, block) pair of positive ints or None, got "
+                                 f"{interleave!r:.80}")
+            interleave = (_positive("interleave's cycle", interleave[0]), _positive("interleave's block", interleave[1]))
+        self.interleave = interleave
 
     @classmethod
     def from_tfds(cls, build, split: str, batch_size: int, *, features=None, images=None, max_lengths=None,
@@ -250,9 +266,10 @@ class Dataset:
         for path in self.shard_paths():
             index = find_index(path, self.index_dir)
             if index is None:
-                if self.shuffle == "global":
+                if self.needs_indexes:
                     kept = "" if self.index_dir is False else f" or in {self.index_dir or default_index_dir()}"
-                    raise ValueError(f"shuffle='global' needs a record index for every file and {path} has none "
+                    why = "shuffle='global'" if self.shuffle == "global" else "interleave"
+                    raise ValueError(f"{why} needs a record index for every file and {path} has none "
                                      f"beside it{kept}: run `infeed index` on the files first (`--output-dir DIR` "
                                      f"where they cannot have one beside them)")
                 return None
@@ -294,12 +311,17 @@ class Dataset:
             return None
         return build_indexes(missing, self.index_dir or default_index_dir())
 
+    @property
+    def needs_indexes(self) -> bool:
+        """Whether the order needs every file's record index: a global shuffle, or an interleave."""
+        return self.shuffle == "global" or self.interleave is not None
+
     def _indexes_pay(self, num_workers: int) -> bool:
         """Whether, with ``build_indexes="auto"``, building this host's missing indexes saves reads: a global
         shuffle needs them; without them each of several workers streams every object behind a URI (W times
         the egress); local files from LOCAL_BUILD_WORKERS on (one worker reads every record either way, and
         streams from the page cache)."""
-        if self.shuffle == "global":
+        if self.needs_indexes:
             return True
         if num_workers < 2:
             return False
@@ -387,7 +409,7 @@ class Dataset:
         doc = self.to_json()
         del doc["seed"], doc["num_epochs"], doc["steps_per_slot"], doc["labels"], doc["max_record_size"]
         del doc["index_dir"], doc["build_indexes"]
-        for name in _TRANSFORM_SETTINGS:
+        for name in (*_TRANSFORM_SETTINGS, "interleave"):      # unset: as before they existed (older states)
             if doc[name] is None:
                 del doc[name]
         return doc
@@ -406,7 +428,8 @@ class Dataset:
                 "transform": None if self.transform is None else self.transform.name,
                 "batch_transform": None if self.batch_transform is None else self.batch_transform.name,
                 "outputs": None if self.outputs is None else outputs_to_json(self.outputs),
-                "index_dir": self.index_dir, "build_indexes": self.build_indexes}
+                "index_dir": self.index_dir, "build_indexes": self.build_indexes,
+                "interleave": None if self.interleave is None else list(self.interleave)}
 
     @classmethod
     def from_json(cls, doc: Mapping, *, matched: bool = False) -> "Dataset":

@@ -22,7 +22,7 @@ import numpy as np
 from infeed.daemon.indexed_reads import IndexedFiles, OpenFiles
 from infeed.daemon.read_ahead import ReadAhead
 
-__all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "epoch_paths", "epoch_order",
+__all__ = ["PlannedBatch", "ShuffleBuffer", "EpochRecords", "epoch_paths", "epoch_order", "interleave_order",
            "epoch_batches", "exists", "record_offset"]
 
 #: Random draws fetched at a time by a shuffle buffer.
@@ -342,11 +342,40 @@ def _buffered(ds, epoch: int, source: EpochRecords, first: int, owned) -> Iterat
     return index
 
 
+def interleave_order(counts: list[int], cycle: int, block: int) -> np.ndarray:
+    """Positions in the stream of files of ``counts`` records each (one after another) in the order tf.data's
+    ``interleave(cycle_length=cycle, block_length=block)`` gives their records: ``cycle`` files open, taken in
+    turn ``block`` records at a time; a file that ends gives its turn to the next and its place in the cycle to
+    the next file not yet opened, when its turn comes again (TensorFlow's InterleaveDatasetOp)."""
+    starts = np.cumsum([0] + list(counts))
+    slots: list = [None] * cycle              # per place in the cycle: [file, its next record], or None
+    pieces, opened, place, taken, next_file = [], 0, 0, 0, 0
+    while next_file < len(counts) or opened:
+        slot = slots[place]
+        if slot is not None:
+            f, k = slot
+            if k < counts[f]:
+                n = min(block - taken, counts[f] - k)
+                pieces.append(np.arange(starts[f] + k, starts[f] + k + n, dtype=np.int64))
+                slot[1] += n
+                taken += n
+                if taken == block:
+                    place, taken = (place + 1) % cycle, 0
+                continue
+            slots[place], opened = None, opened - 1     # ended: the next place, whose turn it is
+            place, taken = (place + 1) % cycle, 0
+        elif next_file < len(counts):
+            slots[place], next_file, opened = [next_file, 0], next_file + 1, opened + 1
+        else:
+            place, taken = (place + 1) % cycle, 0
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+
+
 def epoch_order(ds, epoch: int, counts: list[int]) -> np.ndarray:
     """Positions in the epoch's stream of records (files in epoch order, ``counts`` records
     each, this host's share) in the order batches take them."""
     n = sum(counts)
-    stream = np.arange(n, dtype=np.int64)
+    stream = np.arange(n, dtype=np.int64) if ds.interleave is None else interleave_order(counts, *ds.interleave)
     if not ds.shards_by_file:
         stream = stream[ds.shard_index::ds.num_shards]
     if ds.shuffle == "global":

@@ -32,7 +32,7 @@ def units_per_take(ds, indexes: dict | None, slots: int, workers: int) -> int:
     """The units a worker of ``workers`` over a ring of ``slots`` takes at a time: 1, or for files behind a URI
     read in file order through ``indexes``, as many as hold about :data:`READ_AHEAD_BYTES` (one request),
     within twice ``slots`` where ``workers`` > 1, and a quarter of :data:`MAX_CLAIMS`."""
-    if (indexes is None or not any("://" in path for path in indexes) or ds.shuffle == "global"
+    if (indexes is None or not any("://" in path for path in indexes) or ds.needs_indexes
             or ds.shuffle_buffer > 1 or not ds.shards_by_file and ds.num_shards > 1):
         return 1
     records = sum(index.count for index in indexes.values())

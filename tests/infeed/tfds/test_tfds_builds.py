@@ -174,3 +174,68 @@ def test_every_image_decodes_to_tfds_pixels(config):
                     assert np.array_equal(out, pixels), (config, name, i)
                     checked += 1
     assert checked == 60
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("interleave, order", [((2, 3), "interleaved_2_3"), ((16, 16), "examples")])
+def test_an_interleave_gives_tfds_order_for_any_worker_count_and_after_a_resume(config, interleave, order,
+                                                                                 tmp_path):
+    """(16, 16) is TFDS's default read of a split: here each shard is within a block, so one after another;
+    (2, 3) interleaves these small shards as TFDS did with ReadConfig(interleave_cycle_length=2,
+    interleave_block_length=3)."""
+    split = expected(config, "train")
+    want = split[order] if order != "examples" else [e["meta"]["id"]["values"] for e in split["examples"]]
+    ds = Dataset.from_tfds(FIXTURES / "infeed_fixture" / config, "train", batch_size=2, features=["meta/id"],
+                           interleave=interleave, index_dir=tmp_path / "indexes")
+    one = [i for b in collect(ds) for i in b["meta/id"].tolist()]
+    assert one == want
+    with Daemon(ds, num_workers=2, lock_memory=False, timeout=60) as feed:
+        head = [i for _ in range(3) for i in next(feed)["meta/id"].tolist()]
+        state = feed.state()
+    tail = [i for b in collect(ds, state=state) for i in b["meta/id"].tolist()]
+    assert head + tail == want
+
+
+def test_interleave_follows_tf_data_when_files_end_mid_block_at_a_block_end_or_are_empty():
+    from infeed.daemon.plan import interleave_order
+
+    def tf_data(counts, cycle, block):     # tf.data's InterleaveDatasetOp, a record at a time
+        files = [list(range(sum(counts[:f]), sum(counts[:f + 1]))) for f in range(len(counts))]
+        slots, out, place, taken, nxt, opened = [None] * cycle, [], 0, 0, 0, 0
+        while nxt < len(files) or opened:
+            if slots[place] is not None:
+                if slots[place]:
+                    out.append(slots[place].pop(0))
+                    taken += 1
+                    if taken == block:
+                        place, taken = (place + 1) % cycle, 0
+                    continue
+                slots[place], opened, place, taken = None, opened - 1, (place + 1) % cycle, 0
+            elif nxt < len(files):
+                slots[place], nxt, opened = list(files[nxt]), nxt + 1, opened + 1
+            else:
+                place, taken = (place + 1) % cycle, 0
+        return out
+
+    rng = np.random.default_rng(0)
+    for counts, cycle, block in [([10, 10], 2, 3), ([7, 6, 7], 2, 3), ([3, 0, 6, 3], 3, 3), ([0, 0], 2, 1),
+                                 *[(list(rng.integers(0, 9, rng.integers(1, 7))), int(rng.integers(1, 5)),
+                                    int(rng.integers(1, 5))) for _ in range(200)]]:
+        got = interleave_order(counts, cycle, block).tolist()
+        assert got == tf_data(counts, cycle, block), (counts, cycle, block)
+        assert sorted(got) == list(range(sum(counts)))
+
+
+def test_an_interleave_is_checked_and_needs_indexes(tmp_path):
+    files = [str(p) for p in sorted(folder("png").glob("*-train.tfrecord-*"))]
+    for bad in ((2,), (0, 3), "23", (2, 1.5)):
+        with pytest.raises(ValueError, match="interleave"):
+            Dataset(files, {"meta/id": FixedLen((), "int32")}, batch_size=2, interleave=bad)
+    ds = Dataset(files, {"meta/id": FixedLen((), "int32")}, batch_size=2, interleave=(2, 3), build_indexes=False,
+                 index_dir=tmp_path / "none")
+    with pytest.raises(ValueError, match=r"interleave needs a record index for every file and .* has none"):
+        Daemon(ds, num_workers=1, lock_memory=False)
+    assert Dataset.from_json(ds.to_json()).interleave == (2, 3)
+    plain = Dataset(files, {"meta/id": FixedLen((), "int32")}, batch_size=2)
+    assert "interleave" not in plain.identity() and ds.identity()["interleave"] == [2, 3]  # older states still match
+    assert plain.fingerprint() != ds.fingerprint()
