@@ -151,10 +151,12 @@ class ImageDecoder:
         return height, width
 
     def _jpeg_pixels(self, data, height: int, width: int, shrink_h: float, shrink_w: float) -> np.ndarray:
-        """The image at the smallest fast DCT scale that keeps the crop at least the output's size."""
+        """The image at the smallest fast DCT scale that keeps the crop at least the output's size (full size
+        without ``dct_scaling``)."""
         import simplejpeg
 
-        divisor = next((d for d in _DCT_DIVISORS if shrink_h >= d and shrink_w >= d), 1)
+        divisor = next((d for d in _DCT_DIVISORS if shrink_h >= d and shrink_w >= d), 1) if self.spec.dct_scaling \
+            else 1
         min_h, min_w = -(-height // divisor), -(-width // divisor)
         need = (min_h + 1) * (min_w + 1) * self.spec.channels
         if self._buffer.size < need:

@@ -212,6 +212,10 @@ class Image:
     antialias: resample with a filter as wide as the shrink factor (as ``tf.image.resize(antialias=True)``);
         the default is bilinear (2 taps per axis, as ``tf.image.resize``'s default).
     fast_dct: libjpeg-turbo's fast integer IDCT (TensorFlow's default ``INTEGER_FAST``), else the accurate one.
+    dct_scaling: decode a JPEG at the smallest DCT scale (1/2, 1/4, 1/8) that keeps the crop at least the
+        output's size, a low-pass filter that is faster than decoding it whole; False: always at full size, as
+        ``tf.io.decode_jpeg`` does, so that with ``fast_dct`` the pixels resized are TensorFlow's (where
+        a scale applies, the default's differ from TensorFlow's resize of the full image by some levels).
     max_pixels: an image declaring more pixels is refused before anything is allocated for it.
     key: the Example's feature holding the encoded bytes (one value per record).
     """
@@ -228,6 +232,7 @@ class Image:
     std: Any = None
     antialias: bool = False
     fast_dct: bool = True
+    dct_scaling: bool = True
     max_pixels: int = 1 << 26
     key: str = "image/encoded"
 
@@ -278,6 +283,7 @@ class Image:
         object.__setattr__(self, "flip", bool(self.flip))
         object.__setattr__(self, "antialias", bool(self.antialias))
         object.__setattr__(self, "fast_dct", bool(self.fast_dct))
+        object.__setattr__(self, "dct_scaling", bool(self.dct_scaling))
         if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, (int, np.integer)) \
                 or self.max_pixels < 1:
             raise ValueError(f"Image.max_pixels must be a positive int, got {self.max_pixels!r}")
@@ -312,6 +318,11 @@ def _same_default(a, b) -> bool:
     return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
 
 
+#: Image fields added after specs were first written (to states and configs), and their defaults: one at its
+#: default is left out of the JSON, so that a spec's digest, and a resume from an older state, stay the same.
+_LATER_IMAGE_FIELDS = {"dct_scaling": True}
+
+
 def spec_to_json(spec) -> dict:
     """A spec as plain JSON data (for ``infeed serve --config`` and the worker processes).
 
@@ -330,8 +341,11 @@ def spec_to_json(spec) -> dict:
             out[name] = {"kind": "Bytes", "max_bytes": f.max_bytes, "truncate": f.truncate,
                          "default": None if f.default is None else f.default.hex()}
         elif isinstance(f, Image):
-            out[name] = {"kind": "Image", **{k: list(v) if isinstance(v, tuple) else v
-                                             for k, v in dataclasses.asdict(f).items()}}
+            fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(f).items()}
+            for later, default in _LATER_IMAGE_FIELDS.items():   # at its default: as written before it existed
+                if fields[later] == default:
+                    del fields[later]
+            out[name] = {"kind": "Image", **fields}
         else:
             raise ValueError(f"spec[{name!r}] must be FixedLen, VarLen, Bytes or Image, got {f!r}")
     return out

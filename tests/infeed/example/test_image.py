@@ -5,6 +5,7 @@ conventions (and against TensorFlow itself where it is installed); the random
 crops and flips against the record's name, whatever reads it.
 """
 
+import dataclasses
 import io
 import logging
 import struct
@@ -559,6 +560,21 @@ def test_pillow_missing_names_the_extra(monkeypatch):
         decode(Image(size=(8, 8)), pil_bytes(photo(8, 8)))
 
 
+def test_without_dct_scaling_a_jpeg_is_decoded_whole_before_its_crop_is_resized():
+    """A 3x shrink: by default decoded at 1/2 scale; with dct_scaling=False at full size, exactly as the same
+    pixels given losslessly (a PNG of the full-size decode) go through the same crop and resize."""
+    data = jpeg(photo(672, 896))
+    whole = simplejpeg.decode_jpeg(data, fastdct=True)
+    for spec in (Image(dtype="float32"), Image(dtype="float32", resize="random_resized_crop", area=(0.9, 1),
+                                               antialias=True)):
+        exact = dataclasses.replace(spec, dct_scaling=False)
+        want = decode(exact, pil_bytes(whole), ids=(0, 0, 7))
+        assert np.array_equal(decode(exact, data, ids=(0, 0, 7)), want)
+        assert not np.array_equal(decode(spec, data, ids=(0, 0, 7)), want)     # scaled: other pixels
+    assert spec_from_json(spec_to_json({"i": exact}))["i"] == exact
+    assert "dct_scaling" not in spec_to_json({"i": spec})["i"]               # its default: as before it was
+
+
 # ---------------------------------------------------------------------------
 # TensorFlow, where installed
 
@@ -575,6 +591,11 @@ def test_agreement_with_tensorflow():
     got = decode(Image(dtype="float32", resize="random_resized_crop", area=(1, 1), aspect=(4 / 3, 4 / 3),
                        antialias=True), data)
     assert np.abs(got - want).mean() < 0.01
+    big = jpeg(photo(768, 1024))                      # a DCT scale applies: without it, TensorFlow's pixels
+    full = tf.io.decode_jpeg(big, dct_method="INTEGER_FAST").numpy()
+    y, x, h, w = central_window(768, 1024)
+    want = tf.image.resize(full[None, y:y + h, x:x + w], (224, 224))[0].numpy()
+    assert np.abs(decode(Image(dtype="float32", dct_scaling=False), big) - want).max() < 0.01
     png = pil_bytes(photo(64, 80))
     assert np.array_equal(decode(Image(size=(64, 80), resize=None), png), tf.io.decode_png(png).numpy())
     cmyk = pil_bytes(PILImage.fromarray(photo(48, 48)).convert("CMYK"), "JPEG", quality=95)
