@@ -11,7 +11,7 @@ from PIL import Image as PILImage
 
 import infeed
 from infeed.commands.cli import main
-from infeed.commands.inspect import SAMPLE_FROM_FILES, SAMPLE_RECORDS, format_text, suggest_spec, to_json
+from infeed.commands.inspect import SAMPLE_FROM_FILES, format_text, sample_size, suggest_spec, to_json
 from infeed.example.survey import summarize
 
 TFDS_BUILD = Path(__file__).resolve().parents[2] / "fixtures" / "tfds" / "infeed_fixture" / "jpeg" / "1.0.0"
@@ -165,15 +165,17 @@ def test_several_files_a_glob_and_a_folder_merge_and_images_are_suggested_as_ima
 
 def test_many_files_are_sampled_and_say_so(tmp_path, capsys):
     n = SAMPLE_FROM_FILES + 1
+    each = sample_size(n)
+    assert sample_size(1000) == 32 and sample_size(10**6) == 16                  # about 32,768 records in all
     for k in range(n):
-        write(tmp_path / f"s-{k:03d}.tfrecord", [{"x": i} for i in range(SAMPLE_RECORDS + 1)])
+        write(tmp_path / f"s-{k:03d}.tfrecord", [{"x": i} for i in range(each + 1)])
     assert main(["inspect", str(tmp_path / "s-*.tfrecord")]) == 0
     text = capsys.readouterr().out
-    assert text.startswith(f"{n} files (") and f"a sample of {n * SAMPLE_RECORDS:,} records, the first of each " \
+    assert text.startswith(f"{n} files (") and f"a sample of {n * each:,} records, the first of each " \
                                                 "file (more follow; --all reads all)" in text
-    assert f"# from a sample, the first records of each of {n} files ({n * SAMPLE_RECORDS:,} in all)" in text
+    assert f"# from a sample, the first records of each of {n} files ({n * each:,} in all)" in text
     assert main(["inspect", "--all", str(tmp_path / "s-*.tfrecord")]) == 0
-    assert f"{n} files (" in (out := capsys.readouterr().out) and f": {n * (SAMPLE_RECORDS + 1):,} records, " in out
+    assert f"{n} files (" in (out := capsys.readouterr().out) and f": {n * (each + 1):,} records, " in out
 
 
 def test_a_tfds_build_is_inspected_by_its_metadata(tmp_path, capsys):
