@@ -28,7 +28,8 @@ from infeed.commands.arguments import positive_int
 from infeed.errors import TfdsBuildError
 from infeed.example.spec import Bytes, FixedLen, Image, VarLen
 from infeed.example.survey import FeatureStats, FileSummary, summarize_files
-from infeed.tfrecord.files import record_files
+from infeed.tfds.build import holds_build
+from infeed.tfrecord.files import looks_unlike_records, record_files
 
 __all__ = ["suggest_spec", "format_text", "to_json", "add_arguments", "run", "USAGE_ERRORS"]
 
@@ -174,7 +175,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Runs ``infeed inspect`` for parsed arguments."""
-    if len(args.files) == 1 and _is_tfds_build(args.files[0]):
+    if len(args.files) == 1 and holds_build(args.files[0]):
         return _run_tfds(args)
     paths = []
     for name in args.files:
@@ -193,31 +194,14 @@ def sample_size(files: int) -> int:
 
 def _folder_files(folder: str) -> list[str]:
     """A folder's TFRecord files, its other files (indexes, metadata) left out."""
-    from infeed.tfrecord.files import _not_records
     from infeed.tfrecord.index import is_index_file
 
     names = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)))
     paths = [os.path.join(folder, n) for n in names]
-    found = [p for p in paths if not is_index_file(p) and not _not_records(p)]
+    found = [p for p in paths if not is_index_file(p) and not looks_unlike_records(p)]
     if not found:
         raise FileNotFoundError(f"{folder}: no TFRecord files in it ({len(names)} other files)")
     return found
-
-
-def _is_tfds_build(name: str) -> bool:
-    from infeed.tfds.build import INFO_FILE
-
-    if not os.path.isdir(name):
-        return False
-    for _ in range(3):                           # a version folder, or a config or dataset folder above it
-        if os.path.isfile(os.path.join(name, INFO_FILE)):
-            return True
-        below = [os.path.join(name, e) for e in os.listdir(name) if os.path.isdir(os.path.join(name, e))
-                 and not e.startswith(".")]
-        if not below:
-            return False
-        name = below[0]
-    return False
 
 
 def _run_tfds(args) -> int:

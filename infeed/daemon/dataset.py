@@ -222,14 +222,13 @@ class Dataset:
         the variable-length ones, which are otherwise read from the split's records, all or
         ``survey_records`` of each shard). ``build``: the build's folder (a dataset, config or version folder
         with one build in it) or an :class:`infeed.tfds.TfdsBuild`. ``kwargs``: the Dataset's own."""
-        from infeed.tfds import TfdsBuild, open_build, stored_features, tfds_spec
+        from infeed.tfds import TfdsBuild, build_spec, open_build
 
         if not isinstance(build, TfdsBuild):
             build = open_build(build)
-        files = build.split(split).files
-        spec = tfds_spec(stored_features(build.features), files, features=features, images=images,
-                         max_lengths=max_lengths, survey_records=survey_records)
-        return cls(_Matched(files), spec, batch_size, **kwargs)
+        spec = build_spec(build, split, features=features, images=images, max_lengths=max_lengths,
+                          survey_records=survey_records)
+        return cls(_Matched(build.split(split).files), spec, batch_size, **kwargs)
 
     # --- derived ------------------------------------------------------------------------------
     @property

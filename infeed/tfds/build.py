@@ -19,7 +19,7 @@ from infeed.errors import TfdsBuildError
 from infeed.tfrecord.names import path_str
 from infeed.tfrecord.reader import _is_uri, open_input
 
-__all__ = ["TfdsBuild", "TfdsSplit", "open_build", "INFO_FILE", "FEATURES_FILE"]
+__all__ = ["TfdsBuild", "TfdsSplit", "holds_build", "open_build", "INFO_FILE", "FEATURES_FILE"]
 
 INFO_FILE = "dataset_info.json"
 FEATURES_FILE = "features.json"
@@ -118,6 +118,16 @@ def _build_folder(path: str) -> str:
             return path
     raise TfdsBuildError(path, f"not a TFDS build: no {INFO_FILE} in it or in one config or version folder "
                                "below it")
+
+
+def holds_build(path) -> bool:
+    """Whether the local folder ``path`` is a TFDS build, or holds builds a config or a version below it (what
+    :func:`open_build` looks for; it may still find several)."""
+    path = os.path.expanduser(path_str(path))
+    if not os.path.isdir(path):
+        return False
+    return _holds_build(path) or any(_holds_build(os.path.join(path, e)) for e in os.listdir(path)
+                                     if not e.startswith(".") and os.path.isdir(os.path.join(path, e)))
 
 
 def _holds_build(folder: str) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from infeed.tfrecord.filesystems import filesystem_for
 from infeed.tfrecord.names import split_query
 
-__all__ = ["expand_files", "record_files"]
+__all__ = ["expand_files", "looks_unlike_records", "record_files"]
 
 _MAGIC = "*?["
 #: ``NAME@N``: the N shards ``NAME-00000-of-0000N`` ... (TensorFlow's sharded file names, TFDS's shorthand).
@@ -101,7 +101,7 @@ def record_files(files: str | os.PathLike | Sequence) -> list[str]:
         matched = expand_files(item)
         if _is_pattern(os.fspath(item)):          # what a pattern took in; a file named alone is read as named
             matched = [p for p in matched if not is_index_file(p)]
-            other += [p for p in matched if _not_records(p)]
+            other += [p for p in matched if looks_unlike_records(p)]
         paths += matched
     paths = list(dict.fromkeys(paths))
     if other:
@@ -114,8 +114,9 @@ def record_files(files: str | os.PathLike | Sequence) -> list[str]:
     return paths
 
 
-def _not_records(path: str) -> bool:
-    """Whether ``path`` is no TFRecord file: by its name, and a local one by its first bytes."""
+def looks_unlike_records(path: str) -> bool:
+    """Whether ``path`` is no TFRecord file: by its name (JSON, text, ...), and a local one by its first bytes
+    (neither a record's header, GZIP nor ZLIB; an empty file, or one shorter than a header, is not judged)."""
     from infeed.tfrecord import _tfrecord
     from infeed.tfrecord.reader import _sniff
 
