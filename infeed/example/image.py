@@ -181,9 +181,14 @@ class ImageDecoder:
                 warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
                 png = PILImage.open(io.BytesIO(data), formats=["PNG"])
                 png.load()
-            if channels == 1 and png.mode in ("I;16", "I;16B", "I"):
-                pixels = np.asarray(png, dtype=np.uint16 if png.mode != "I" else np.int32)
-                pixels = np.clip(pixels, 0, 65535).astype(np.uint16, copy=False)
+            if png.mode in ("I;16", "I;16B", "I"):        # 16-bit gray: its levels kept whole, whatever the channels
+                gray = np.asarray(png, dtype=np.uint16 if png.mode != "I" else np.int32)
+                gray = np.clip(gray, 0, 65535).astype(np.uint16, copy=False)
+                # Pillow's convert("RGB") clips I;16 at 255 (40000 became 255): gray is repeated instead, and
+                # an alpha of RGBA is opaque, so the 16-bit path scales them as for one channel.
+                pixels = gray if channels == 1 else np.repeat(gray[..., None], channels, axis=2)
+                if channels == 4:
+                    pixels[..., 3] = 65535
             else:
                 pixels = np.asarray(png.convert(_PIL_MODES[channels]))
         except Exception as e:

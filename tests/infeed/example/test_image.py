@@ -210,6 +210,25 @@ def test_png_kinds_palette_alpha_gray_and_sixteen_bits():
     assert np.array_equal(as_bytes, np.floor(deep / 257 + 0.5).astype(np.uint8))
 
 
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "float32"])
+def test_a_sixteen_bit_gray_png_keeps_its_levels_for_any_channel_count(channels, dtype):
+    """Pillow's convert("RGB") clips 16-bit gray at 255: level 40000 came out as 255 in RGB, not 156."""
+    deep = np.array([[0, 255, 256, 39963, 40000, 65535]], np.uint16)
+    got = decode(Image(size=(1, 6), channels=channels, dtype=dtype, resize=None), pil_bytes(PILImage.fromarray(deep)))
+    levels = {"uint16": deep, "float32": deep / np.float32(257), "uint8": np.floor(deep / 257 + 0.5)}[dtype]
+    for c in range(min(channels, 3)):
+        assert np.allclose(got[..., c], levels), c
+    if channels == 4:                                               # gray has no alpha: opaque
+        assert (got[..., 3] == (65535 if dtype == "uint16" else 255)).all()
+    assert got[0, 4, 0] == {"uint8": 156, "uint16": 40000, "float32": np.float32(40000 / 257)}[dtype]
+    resize = Image(size=(1, 4), channels=channels, dtype=dtype, resize="pad")         # through the resize too
+    resized = decode(resize, pil_bytes(PILImage.fromarray(deep)))
+    alone = decode(dataclasses.replace(resize, channels=1), pil_bytes(PILImage.fromarray(deep)))
+    tolerance = 1e-4 if dtype == "float32" else 0                     # the 3-channel kernel's float: 1 ulp off
+    assert all(np.allclose(resized[..., c], alone[..., 0], rtol=0, atol=tolerance) for c in range(min(channels, 3)))
+
+
 def test_float_outputs_are_normalised_and_halves_are_the_float32_values_rounded():
     data = jpeg(photo(100, 120))
     plain = decode(Image(size=(50, 50), dtype="float32"), data)
