@@ -1,0 +1,76 @@
+"""Instructions per image of infeed's JPEG path, counted by callgrind (where ``perf stat`` has no hardware
+counters, as in a VM): for each photo size and mode, the instructions of a run that decodes N photos minus those
+of one that decodes none, over N.
+
+    python tools/jpeg_instructions.py [--photos 32] [--sizes 500x375,1024x768]
+
+Modes: ``bare`` (simplejpeg's decode of the whole photo, nothing else), ``center_crop`` and
+``random_resized_crop`` (``infeed.Image(size=(224, 224))`` through ``ExampleParser``, uint8). The photos are
+``bench/data/photos.py``'s (seed 3). Needs valgrind; each size takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+MODES = ("bare", "center_crop", "random_resized_crop")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)                       # bench/ is used from the checkout
+
+
+def run_one(path: str, mode: str, count: int) -> None:
+    """Decodes ``count`` of the photos in ``path`` as ``mode`` says (``none``: builds the records only)."""
+    import simplejpeg
+
+    import infeed
+    from bench.data import photos
+
+    images = photos.images_of(list(infeed.read_records(path)))
+    images = (images * (count // len(images) + 1))[:count]
+    if mode == "bare":
+        for data in images:
+            simplejpeg.decode_jpeg(data, fastdct=True)
+        return
+    records = [infeed.encode_example({"image/encoded": [data]}) for data in images]
+    if mode != "none":
+        parser = infeed.ExampleParser({"image": infeed.Image(size=(224, 224), resize=mode)}, seed=0)
+        parser.parse(records, parser.allocate(len(records)), ids=[(0, 0, i) for i in range(len(records))])
+
+
+def _instructions(path: str, mode: str, count: int, folder: str) -> int:
+    out = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/cg.{mode}",
+                          sys.executable, __file__, "--one", path, mode, str(count)],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, check=True)
+    return int(re.search(r"Collected : (\d+)", out.stderr)[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--photos", type=int, default=32)
+    parser.add_argument("--sizes", default="500x375,1024x768")
+    parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        path, mode, count = args.one
+        run_one(path, mode, int(count))
+        return
+    from bench.data import photos
+
+    with tempfile.TemporaryDirectory() as folder:
+        print(f"instructions per image (callgrind), {args.photos} photos, 224x224 uint8:")
+        for size in args.sizes.split(","):
+            width, height = (int(v) for v in size.split("x"))
+            path = os.path.join(folder, f"photos-{width}.tfrecord")
+            photos.write_photos(path, height, width, 8, seed=3)
+            base = _instructions(path, "none", args.photos, folder)
+            figures = {mode: (_instructions(path, mode, args.photos, folder) - base) / args.photos for mode in MODES}
+            print(f"  {size}: " + ", ".join(f"{mode} {n / 1e6:.1f} M" for mode, n in figures.items()))
+
+
+if __name__ == "__main__":
+    main()
