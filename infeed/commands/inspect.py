@@ -29,7 +29,7 @@ from infeed.errors import TfdsBuildError
 from infeed.example.spec import Bytes, FixedLen, Image, VarLen
 from infeed.example.survey import FeatureStats, FileSummary, summarize_files
 from infeed.tfds.build import holds_build
-from infeed.tfrecord.files import looks_unlike_records, record_files
+from infeed.tfrecord.files import folder_files, record_files
 
 __all__ = ["suggest_spec", "format_text", "to_json", "add_arguments", "run", "USAGE_ERRORS"]
 
@@ -194,13 +194,9 @@ def sample_size(files: int) -> int:
 
 def _folder_files(folder: str) -> list[str]:
     """A folder's TFRecord files, its other files (indexes, metadata) left out."""
-    from infeed.tfrecord.index import is_index_file
-
-    names = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)))
-    paths = [os.path.join(folder, n) for n in names]
-    found = [p for p in paths if not is_index_file(p) and not looks_unlike_records(p)]
+    found, others = folder_files(folder)
     if not found:
-        raise FileNotFoundError(f"{folder}: no TFRecord files in it ({len(names)} other files)")
+        raise FileNotFoundError(f"{folder}: no TFRecord files in it ({others} other files)")
     return found
 
 

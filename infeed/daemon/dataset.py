@@ -210,7 +210,8 @@ class Dataset:
             if isinstance(interleave, (str, bytes)) or not isinstance(interleave, Sequence) or len(interleave) != 2:
                 raise ValueError(f"interleave must be a (cycle, block) pair of positive ints or None, got "
                                  f"{interleave!r:.80}")
-            interleave = (_positive("interleave's cycle", interleave[0]), _positive("interleave's block", interleave[1]))
+            interleave = (_positive("interleave's cycle", interleave[0]),
+                          _positive("interleave's block", interleave[1]))
         self.interleave = interleave
 
     @classmethod

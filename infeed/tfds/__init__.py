@@ -10,7 +10,8 @@ shards in order and their example counts (:mod:`infeed.tfds.build`), and the spe
 from infeed.tfds.build import TfdsBuild, TfdsSplit, holds_build, open_build
 from infeed.tfds.features import StoredFeature, stored_features, tfds_spec
 
-__all__ = ["TfdsBuild", "TfdsSplit", "holds_build", "open_build", "StoredFeature", "stored_features", "tfds_spec", "build_spec"]
+__all__ = ["TfdsBuild", "TfdsSplit", "holds_build", "open_build", "StoredFeature", "stored_features", "tfds_spec",
+           "build_spec"]
 
 
 def build_spec(build: TfdsBuild, split: str, **kwargs) -> dict:

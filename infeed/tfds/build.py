@@ -56,7 +56,8 @@ class TfdsBuild:
     features: dict
 
     def split(self, name: str) -> TfdsSplit:
-        """The split ``name``; a ValueError naming the build's splits where it has none of that name."""
+        """The split ``name``; a :class:`~infeed.errors.TfdsBuildError` naming the build's splits where it has
+        none of that name."""
         try:
             return self.splits[name]
         except KeyError:
@@ -74,8 +75,8 @@ def open_build(path) -> TfdsBuild:
     features = _read_json(_join(folder, FEATURES_FILE))
     file_format = info.get("fileFormat", "tfrecord")
     if file_format != "tfrecord":
-        raise TfdsBuildError(folder, f"a TFDS build of {file_format} files; infeed reads TFRecord builds (TFDS writes "
-                         "them with file_format='tfrecord', its default)")
+        raise TfdsBuildError(folder, f"a TFDS build of {file_format} files; infeed reads TFRecord builds (TFDS "
+                                     "writes them with file_format='tfrecord', its default)")
     name = info.get("name")
     if not name:
         raise TfdsBuildError(_join(folder, INFO_FILE), "no dataset name in it")
@@ -101,7 +102,7 @@ def _build_folder(path: str) -> str:
         return path
     if _is_uri(path):
         raise TfdsBuildError(path, f"no {INFO_FILE} in it: name the build's version folder "
-                         "(<data_dir>/<name>/<config>/<version>)")
+                                   "(<data_dir>/<name>/<config>/<version>)")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such folder")
     for _ in range(2):                          # a dataset folder, then a config folder
@@ -112,7 +113,7 @@ def _build_folder(path: str) -> str:
         if len(builds) > 1:
             kind = "versions" if all(_VERSION.fullmatch(b) for b in builds) else "configs"
             raise TfdsBuildError(path, f"holds several TFDS {kind}: {', '.join(builds)}; name one "
-                             f"({os.path.join(path, builds[0])})")
+                                       f"({os.path.join(path, builds[0])})")
         path = os.path.join(path, builds[0])
         if os.path.isfile(os.path.join(path, INFO_FILE)):
             return path

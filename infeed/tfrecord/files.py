@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from infeed.tfrecord.filesystems import filesystem_for
 from infeed.tfrecord.names import split_query
 
-__all__ = ["expand_files", "looks_unlike_records", "record_files"]
+__all__ = ["expand_files", "folder_files", "looks_unlike_records", "record_files"]
 
 _MAGIC = "*?["
 #: ``NAME@N``: the N shards ``NAME-00000-of-0000N`` ... (TensorFlow's sharded file names, TFDS's shorthand).
@@ -63,19 +63,27 @@ def _expand_uri(pattern: str) -> list[str]:
                   if info.type == pafs.FileType.File and any(fnmatch.fnmatchcase(info.path, p) for p in patterns))
 
 
-def _folder_message(folder: str) -> str:
-    """What a folder named as a file holds, and the patterns that would name its shards."""
+def folder_files(folder: str) -> tuple[list[str], int]:
+    """The TFRecord files of a local folder, sorted (not :func:`looks_unlike_records`, no index), and how many
+    other files it holds."""
     from infeed.tfrecord.index import is_index_file
 
+    paths = [os.path.join(folder, n) for n in sorted(os.listdir(folder))]
+    paths = [p for p in paths if os.path.isfile(p)]
+    records = [p for p in paths if not is_index_file(p) and not looks_unlike_records(p)]
+    return records, len(paths) - len(records)
+
+
+def _folder_message(folder: str) -> str:
+    """What a folder named as a file holds, and the patterns that would name its shards."""
     if os.path.isfile(os.path.join(folder, "dataset_info.json")):
         return (f"{folder!r} is a folder: a tensorflow-datasets build (dataset_info.json), which "
                 f"infeed.Dataset.from_tfds({folder!r}, split, ...) reads by its metadata")
-    names = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)))
-    shards = [n for n in names if not n.endswith(_NOT_RECORDS) and not is_index_file(n)]
+    shards, others = folder_files(folder)
     if not shards:
-        return f"{folder!r} is a folder, and holds no TFRecord files ({len(names)} other files): name its files"
+        return f"{folder!r} is a folder, and holds no TFRecord files ({others} other files): name its files"
     groups: dict[str, int] = {}
-    for name in shards:                                 # digit runs as wildcards: a split's shards share one
+    for name in map(os.path.basename, shards):         # digit runs as wildcards: a split's shards share one
         key = re.sub(r"[0-9]+", "*", name)
         groups[key] = groups.get(key, 0) + 1
     shown = ", ".join(f"{os.path.join(folder, g)!r} ({n} file{'s' if n > 1 else ''})"

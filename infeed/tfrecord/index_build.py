@@ -5,8 +5,9 @@ Each file is read once, front to back (for a bucket, one streamed read of each o
 ``BUILD_THREADS`` threads at once: a remote file's reads wait on the store. On local files in the page cache
 the build is bound by its Python work per record (a record object and a CRC call each): large records gain
 from a second thread (110 KB records: 2.2 GB/s with one, 3.7 GB/s with two on 2 cores), small ones do not
-(200 bytes: 1.5 M records/s with one, 0.9 M/s with two, contending for the GIL). Each index is written to the directory as soon as it is built (atomically: a
-process or host building the same entry at once leaves one whole entry), so a build cut short keeps the
+(200 bytes: 1.5 M records/s with one, 0.9 M/s with two, contending for the GIL). Each index is written to
+the directory as soon as it is built (atomically: a process or host building the same entry at once leaves one
+whole entry), so a build cut short keeps the
 files it finished. Where the directory cannot be written (read-only, full, not a directory) the build
 stops at the first failure with one warning saying why, and the files without an index stream.
 

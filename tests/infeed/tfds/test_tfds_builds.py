@@ -134,7 +134,8 @@ def test_every_value_is_what_tfds_returned_in_shard_order(config):
                            images={"image": Image(size=(12, 12)), "mask": Image(size=(12, 12))})
     batches = collect(ds)
     assert len(batches) == 5
-    got = {k: np.concatenate([b[k] for b in batches]) for k in batches[0] if not isinstance(batches[0][k], infeed.Padded)}
+    got = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]
+           if not isinstance(batches[0][k], infeed.Padded)}
     padded = {k: [row[:n] for b in batches for row, n in zip(b[k].values, b[k].lengths)]
               for k in batches[0] if isinstance(batches[0][k], infeed.Padded)}
     assert got["meta/id"].tolist() == order
