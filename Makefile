@@ -13,10 +13,12 @@ define make_venv
 	test "$$($(2)/bin/python -VV 2>&1)" = "$$($(1) -VV 2>&1)" || { rm -rf $(2) && tools/make-venv $(1) $(2); }
 endef
 
-EXT_SOURCES := $(wildcard infeed/*/*.pyx infeed/*/*.pxd infeed/*/*.h infeed/tfrecord/_crc32c.c)
+EXT_SOURCES := $(wildcard infeed/*/*.pyx infeed/*/*.pxd infeed/*/*.h infeed/tfrecord/_crc32c.c infeed/example/_bilinear_u8.c \
+	infeed/example/_jpeg_window.c)
 # What building the extensions in place leaves: the C that Cython generates, and one file per module and Python ABI
 # (infeed/tfrecord/_tfrecord.cpython-311-x86_64-linux-gnu.so), so venvs of different Pythons share a checkout.
-EXT_MODULES := infeed/tfrecord/_tfrecord infeed/example/_example infeed/example/_image infeed/ring/_ring
+EXT_MODULES := infeed/tfrecord/_tfrecord infeed/example/_example infeed/example/_image infeed/example/_jpeg \
+	infeed/ring/_ring
 EXT_GENERATED := $(addsuffix .c,$(EXT_MODULES))
 
 $(STAMP): setup.py pyproject.toml $(EXT_SOURCES)

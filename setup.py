@@ -1,10 +1,49 @@
 """Build: the Python packages and infeed's Cython extensions (`pip install -e .`)."""
 
+import os
+import shlex
+import subprocess
+import sys
+
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
 
 COMPILE_ARGS = ["-O3", "-fno-strict-aliasing"]
+#: Set to "simplejpeg" to build without the crop-window JPEG decoder even where libjpeg-turbo is installed.
+JPEG_DECODER = os.environ.get("INFEED_JPEG_DECODER", "")
+LIBJPEG_PACKAGES = "libjpeg-dev (Debian, Ubuntu), libjpeg-turbo-devel (Fedora, RHEL), libjpeg-turbo (Alpine, Arch)"
+
+
+def libjpeg_turbo():
+    """The system's libjpeg-turbo as Extension keywords (include_dirs, library_dirs, libraries), found through
+    pkg-config (libjpeg) and checked for the crop API (jpeg_crop_scanline: libjpeg-turbo 1.5 and newer); None,
+    said once on stderr, where it is missing: the JPEG decoder is then left out and JPEGs decode through
+    simplejpeg, whole."""
+    if JPEG_DECODER == "simplejpeg":
+        return None
+    flags = {"include_dirs": [], "library_dirs": [], "libraries": ["jpeg"]}
+    try:
+        found = subprocess.run(["pkg-config", "--cflags", "--libs", "libjpeg"], capture_output=True, text=True)
+    except OSError:
+        found = None
+    if found is not None and found.returncode == 0:
+        words = shlex.split(found.stdout)
+        flags["include_dirs"] = [w[2:] for w in words if w.startswith("-I")]
+        flags["library_dirs"] = [w[2:] for w in words if w.startswith("-L")]
+        flags["libraries"] = [w[2:] for w in words if w.startswith("-l")] or ["jpeg"]
+    places = flags["include_dirs"] + os.environ.get("CPATH", "").split(":") + ["/usr/local/include", "/usr/include"]
+    for place in filter(None, places):
+        header = os.path.join(place, "jpeglib.h")
+        if os.path.exists(header):
+            with open(header, encoding="latin-1") as f:
+                if "jpeg_crop_scanline" in f.read():
+                    return flags
+    print(f"infeed: libjpeg-turbo's headers were not found (pkg-config libjpeg, jpeglib.h with jpeg_crop_scanline): "
+          f"building without the crop-window JPEG decoder, so JPEGs are decoded whole through simplejpeg. Install "
+          f"{LIBJPEG_PACKAGES} and build again to decode only the crop.", file=sys.stderr)
+    return None
+
 
 extensions = [
     Extension("infeed.tfrecord._tfrecord", ["infeed/tfrecord/_tfrecord.pyx", "infeed/tfrecord/_crc32c.c"],
@@ -17,6 +56,13 @@ extensions = [
               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]),
     Extension("infeed.ring._ring", ["infeed/ring/_ring.pyx"], extra_compile_args=COMPILE_ARGS),
 ]
+LIBJPEG = libjpeg_turbo()
+if LIBJPEG is not None:
+    extensions.append(
+        Extension("infeed.example._jpeg", ["infeed/example/_jpeg.pyx", "infeed/example/_jpeg_window.c"],
+                  include_dirs=["infeed/example", numpy.get_include()] + LIBJPEG["include_dirs"],
+                  library_dirs=LIBJPEG["library_dirs"], libraries=LIBJPEG["libraries"],
+                  extra_compile_args=COMPILE_ARGS, define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]))
 
 setup(
     name="tpu-estimator-jax",

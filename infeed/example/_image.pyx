@@ -540,39 +540,48 @@ def resize_into(cnp.ndarray image not None, double y0, double x0, double height,
         raise ValueError(f"placement ({top}, {left}, {out_h}, {out_w}) is not inside out {(<object>out).shape}")
     cdef cnp.ndarray s = _per_channel(1.0 if scale is None else scale, channels)
     cdef cnp.ndarray b = _per_channel(0.0 if bias is None else bias, channels)
-    cdef const float *scales = <const float *>cnp.PyArray_DATA(s)
-    cdef const float *biases = <const float *>cnp.PyArray_DATA(b)
+    cdef Py_ssize_t out_stride = out.strides[0]
+    cdef int item = out.dtype.itemsize
+    cdef char *dst = <char *>cnp.PyArray_DATA(out) + top * out_stride + left * channels * item
+    cdef const void *src = cnp.PyArray_DATA(image)
+    cdef bint sixteen = image_type == cnp.NPY_UINT16
+    cdef int out_kind = kind, done
+    with nogil:
+        done = resize_pixels(src, sixteen, src_h, src_w, channels, y0, x0, height, width, dst, out_stride, out_kind,
+                             out_h, out_w, flip, antialias, <const float *>cnp.PyArray_DATA(s),
+                             <const float *>cnp.PyArray_DATA(b))
+    if done < 0:
+        raise MemoryError()
+
+
+cdef int resize_pixels(const void *src, bint sixteen, int src_h, int src_w, int channels, double y0, double x0,
+                       double height, double width, char *dst, Py_ssize_t out_stride, int out_kind, int out_h,
+                       int out_w, bint flip, bint antialias, const float *scales, const float *biases) noexcept nogil:
+    """``resize_into`` on raw pixels (packed rows of ``src_w * channels`` uint8, or uint16 when ``sixteen``)
+    whose window and placement the caller has checked: 0, or -1 short of memory. The JPEG decoder's way in."""
     cdef Axis ys, xs
     cdef float *column = NULL
     cdef float *line = NULL
-    cdef int item = out.dtype.itemsize
-    cdef Py_ssize_t out_stride = out.strides[0]
-    cdef char *dst = <char *>cnp.PyArray_DATA(out) + top * out_stride + left * channels * item
-    cdef int out_kind = kind
+    cdef int done = -1
     ys.first = ys.count = xs.first = xs.count = NULL
     ys.weights = xs.weights = ys.taps = xs.taps = NULL
     ys.offsets = xs.offsets = NULL
-    try:
-        if axis_taps(&ys, y0, height, out_h, src_h, antialias) < 0 or \
-                axis_taps(&xs, x0, width, out_w, src_w, antialias) < 0:
-            raise MemoryError()
+    if axis_taps(&ys, y0, height, out_h, src_h, antialias) == 0 and \
+            axis_taps(&xs, x0, width, out_w, src_w, antialias) == 0:
         # zeros past the pixels: the horizontal loops read up to two pixels and a float beyond a last tap; and
         # they write up to two floats past a line's last pixel
         column = <float *>calloc(src_w * channels + 12, sizeof(float))
         line = <float *>malloc(sizeof(float) * (out_w * channels + 2))
-        if column == NULL or line == NULL:
-            raise MemoryError()
-        if image_type == cnp.NPY_UINT8:
-            with nogil:
-                resample(<const uint8_t *>cnp.PyArray_DATA(image), <Py_ssize_t>src_w * channels, channels, &ys, &xs,
-                         column, line, dst, out_stride, out_kind, flip, scales, biases)
-        else:
-            with nogil:
-                resample(<const uint16_t *>cnp.PyArray_DATA(image), <Py_ssize_t>src_w * channels, channels, &ys,
-                         &xs, column, line, dst, out_stride, out_kind, flip, scales, biases)
-    finally:
-        free_axis(&ys)
-        free_axis(&xs)
-        free(column)
-        free(line)
-
+        if column != NULL and line != NULL:
+            if sixteen:
+                resample(<const uint16_t *>src, <Py_ssize_t>src_w * channels, channels, &ys, &xs, column, line,
+                         dst, out_stride, out_kind, flip, scales, biases)
+            else:
+                resample(<const uint8_t *>src, <Py_ssize_t>src_w * channels, channels, &ys, &xs, column, line,
+                         dst, out_stride, out_kind, flip, scales, biases)
+            done = 0
+    free_axis(&ys)
+    free_axis(&xs)
+    free(column)
+    free(line)
+    return done

@@ -1,11 +1,15 @@
 """Encoded images in Examples: :class:`~infeed.example.spec.Image` features decoded straight into the batch.
 
-JPEG goes through simplejpeg (libjpeg-turbo, bundled in its wheel), PNG through
-Pillow (an optional extra, imported on the first PNG). A JPEG is decoded at
-the smallest DCT scale (1/2, 1/4, 1/8 of its size: the scales libjpeg-turbo
-decodes faster than the full size) that keeps the crop window at least as
-large as the output, then :func:`infeed.example._image.resize_into` crops,
-resizes, flips, normalises and casts it into the batch row in one pass.
+A JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8 of its size: the
+scales libjpeg-turbo decodes faster than the full size) that keeps the crop
+window at least as large as the output. Where infeed was built with
+libjpeg-turbo's headers (``_jpeg.pyx``: the manylinux wheels, and any build
+that found them), only the crop's window is decoded, its iMCU columns and its
+rows, and resized into the batch row without the GIL; elsewhere (``_jpeg``
+missing: the build said so) the whole image is decoded through simplejpeg.
+PNG goes through Pillow (an optional extra, imported on the first PNG).
+:func:`infeed.example._image.resize_into` crops, resizes, flips, normalises
+and casts decoded pixels into the batch row in one pass.
 
 Random crops and flips draw from the record's own generator
 (:mod:`infeed.example.randomness`): the same image comes out for the same
@@ -24,7 +28,15 @@ from infeed.example import _image
 from infeed.example.randomness import record_generator
 from infeed.example.spec import Image
 
-__all__ = ["ImageDecoder", "BadImage"]
+try:
+    from infeed.example import _jpeg
+except ImportError:           # built without libjpeg-turbo's headers: JPEGs decode whole through simplejpeg
+    _jpeg = None
+
+__all__ = ["ImageDecoder", "BadImage", "JPEG_DECODER"]
+
+#: Which decoder JPEGs go through in this build: the crop window's own, or simplejpeg's whole-image decode.
+JPEG_DECODER = "libjpeg-turbo crop window" if _jpeg is not None else "simplejpeg"
 
 #: The DCT scales libjpeg-turbo decodes faster than the full size (its M/8 scales for other M are slower).
 _DCT_DIVISORS = (8, 4, 2)
@@ -85,6 +97,8 @@ class ImageDecoder:
     def __init__(self, spec: Image, seed: int, stream: int):
         self.spec, self.seed, self.stream = spec, seed, stream
         self._buffer = np.empty(0, np.uint8)
+        self._window = _jpeg.WindowDecoder() if _jpeg is not None else None
+        self._out_kind = _image.OUTPUT_TYPES[spec.dtype]
         mean = np.zeros(spec.channels) if spec.mean is None else np.asarray(spec.mean)
         std = np.ones(spec.channels) if spec.std is None else np.asarray(spec.std)
         self._affine = {}          # source bit depth -> (scale, bias) per channel
@@ -131,6 +145,15 @@ class ImageDecoder:
                 raise BadImage(f"a {width}x{height} image where resize=None needs {spec.size[1]}x{spec.size[0]}")
         flip = bool(rng.random() < 0.5) if spec.flip else False
         y0, x0, crop_h, crop_w = window
+        if head.startswith(_JPEG_MAGIC) and self._window is not None:
+            scale, bias = self._affine[8]
+            try:
+                self._window.decode_into(data, height, width, self._dct_divisor(crop_h / out_h, crop_w / out_w),
+                                         y0, x0, crop_h, crop_w, out, top, left, out_h, out_w, self._out_kind, flip,
+                                         spec.antialias, spec.fast_dct, scale, bias)
+            except _jpeg.JpegError as e:
+                raise BadImage(f"a broken JPEG: {e}") from None
+            return
         if head.startswith(_JPEG_MAGIC):
             pixels = self._jpeg_pixels(data, height, width, crop_h / out_h, crop_w / out_w)
         else:
@@ -142,6 +165,11 @@ class ImageDecoder:
 
     # --- JPEG -------------------------------------------------------------------------------
     def _jpeg_size(self, data) -> tuple[int, int]:
+        if self._window is not None:
+            try:
+                return self._window.header(data)[:2]
+            except _jpeg.JpegError as e:
+                raise BadImage(f"a broken JPEG header: {e}") from None
         import simplejpeg
 
         try:
@@ -150,13 +178,19 @@ class ImageDecoder:
             raise BadImage(f"a broken JPEG header: {e}") from None
         return height, width
 
+    def _dct_divisor(self, shrink_h: float, shrink_w: float) -> int:
+        """The largest of :data:`_DCT_DIVISORS` that the crop's shrink allows on both axes (1 without
+        ``dct_scaling``)."""
+        if not self.spec.dct_scaling:
+            return 1
+        return next((d for d in _DCT_DIVISORS if shrink_h >= d and shrink_w >= d), 1)
+
     def _jpeg_pixels(self, data, height: int, width: int, shrink_h: float, shrink_w: float) -> np.ndarray:
         """The image at the smallest fast DCT scale that keeps the crop at least the output's size (full size
         without ``dct_scaling``)."""
         import simplejpeg
 
-        divisor = next((d for d in _DCT_DIVISORS if shrink_h >= d and shrink_w >= d), 1) if self.spec.dct_scaling \
-            else 1
+        divisor = self._dct_divisor(shrink_h, shrink_w)
         min_h, min_w = -(-height // divisor), -(-width // divisor)
         need = (min_h + 1) * (min_w + 1) * self.spec.channels
         if self._buffer.size < need:
