@@ -5,8 +5,10 @@ of one that decodes none, over N.
     python tools/jpeg_instructions.py [--photos 32] [--sizes 500x375,1024x768]
 
 Modes: ``bare`` (simplejpeg's decode of the whole photo, nothing else), ``center_crop`` and
-``random_resized_crop`` (``infeed.Image(size=(224, 224))`` through ``ExampleParser``, uint8). The photos are
-``bench/data/photos.py``'s (seed 3). Needs valgrind; each size takes about a minute.
+``random_resized_crop`` (``infeed.Image(size=(224, 224))`` through ``ExampleParser``, uint8), each through the
+crop-window decoder (``_jpeg``, where the build has it) and through simplejpeg's whole-image path (``:whole``,
+the build without libjpeg-turbo's headers, and every build before the window decoder). The photos are
+``bench/data/photos.py``'s (seed 3). Needs valgrind; each size takes about two minutes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-MODES = ("bare", "center_crop", "random_resized_crop")
+MODES = ("bare", "center_crop:whole", "center_crop", "random_resized_crop:whole", "random_resized_crop")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)                       # bench/ is used from the checkout
 
@@ -38,7 +40,12 @@ def run_one(path: str, mode: str, count: int) -> None:
         return
     records = [infeed.encode_example({"image/encoded": [data]}) for data in images]
     if mode != "none":
-        parser = infeed.ExampleParser({"image": infeed.Image(size=(224, 224), resize=mode)}, seed=0)
+        from infeed.example import image
+
+        resize, _, path = mode.partition(":")
+        if path == "whole":
+            image._jpeg = None
+        parser = infeed.ExampleParser({"image": infeed.Image(size=(224, 224), resize=resize)}, seed=0)
         parser.parse(records, parser.allocate(len(records)), ids=[(0, 0, i) for i in range(len(records))])
 
 

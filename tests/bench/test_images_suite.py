@@ -13,6 +13,7 @@ from bench import __main__ as bench_main
 from bench import harness
 from bench.harness import STEADY_BATCHES_PER_WORKER
 from bench.suites import images_suite as suite
+from infeed.example import image as image_module
 from tests.bench.test_infeed_suite import check_scaling
 
 
@@ -26,6 +27,7 @@ def test_images_suite_gives_every_figure_ratio_and_note_and_refuses_a_w_its_phot
     assert "tf.data comparison not run (--no-tf)" in text
     names = [suite.BARE, suite.DECODE_PART, suite.RESIZE_PART,
              *[suite.parse_name(m) for m in suite.MODES],
+             *[suite.whole_name(m) for m in suite.MODES if image_module.JPEG_DECODER != "simplejpeg"],
              *[suite.parallel_name(4, m) for m in suite.MODES],
              *[suite.daemon_name(1, m, n) for m in suite.MODES for n in (8, 16)]]
     assert {(f.group, f.name) for f in result.figures} == {("500x375", n) for n in names}
@@ -44,13 +46,19 @@ def test_images_suite_gives_every_figure_ratio_and_note_and_refuses_a_w_its_phot
         [line] = [x for x in text.splitlines() if re.split(r"\s{2,}", x)[:2] == ["500x375", r.name]]
         assert line.endswith(f"refused: {r.reason}") and not re.search(r"\d\.\d\dx", line), line
     ratios = {r.name: r.target for r in result.ratios}
-    assert ratios[f"{suite.daemon_name(1, 'centre crop')} / {suite.BARE}"] == 0.85
+    assert ratios[f"{suite.daemon_name(1, 'centre crop')} / {suite.BARE}"] == 1.0
+    assert ratios[f"{suite.daemon_name(1, 'random resized crop')} / {suite.BARE}"] == 1.0
+    if image_module.JPEG_DECODER != "simplejpeg":      # the crop window against the whole photo, in the same run
+        assert all(f"{suite.parse_name(m)} / {suite.whole_name(m)}" in ratios for m in suite.MODES)
+    assert f"JPEG decoder of this build: {image_module.JPEG_DECODER}" in result.notes
     assert not any("W=4" in name for name in ratios)
     assert suite.TARGETS[(suite.daemon_name(2, "centre crop"), suite.daemon_name(1, "centre crop"))] == {
         "500x375": 1.7, "1024x768": 1.7}
-    # with TensorFlow: the issue's targets, centre crops against decode + crop + resize
-    assert suite.TARGETS[(suite.daemon_name(1, "centre crop"), suite.TF_FULL)] == {"500x375": 1.0, "1024x768": 1.3}
+    # with TensorFlow: the issues' targets, against decode + crop + resize and against decode_and_crop_jpeg
+    assert suite.TARGETS[(suite.daemon_name(1, "centre crop"), suite.TF_FULL)] == {"500x375": 1.7, "1024x768": 1.7}
     assert suite.TARGETS[(suite.daemon_name(1, "random resized crop"), suite.tf_name("random resized crop", 1))] \
+        == {"500x375": 1.6, "1024x768": 1.3}
+    assert suite.TARGETS[(suite.daemon_name(1, "centre crop"), suite.tf_name("centre crop", 1))] \
         == {"500x375": 1.0, "1024x768": 1.0}
     assert any("where a centre crop's time goes" in note for note in result.notes)
     assert {s["name"] for s in result.stages} == {suite.daemon_name(1, m, n) for m in suite.MODES for n in (8, 16)}

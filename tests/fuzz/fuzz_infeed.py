@@ -11,8 +11,11 @@ with the extensions built::
     python tests/fuzz/fuzz_infeed.py crash-<hash>          # replay one input
 
 ``--seed-corpus=DIR`` writes valid encodings (the reference encoder's
-alternative forms, framed files) into DIR when it is empty and fuzzes with DIR
-as the corpus, which libFuzzer grows.  Every other argument goes to libFuzzer.
+alternative forms, framed files, tests/infeed/example/image_seeds.py's images
+through every image spec) into DIR, each that DIR lacks (they are named by
+their content's hash: a corpus grown before gets the seeds added since), and
+fuzzes with DIR as the corpus, which libFuzzer grows.  Every other argument
+goes to libFuzzer.
 
 The first byte of an input picks the target, the second a parameter (spec,
 buffer size, skip_corrupt), the rest is the payload:
@@ -34,6 +37,7 @@ libFuzzer writes each crashing input to ./crash-<sha1> and, unless run with
 -fork=N -ignore_crashes=1, stops at the first.
 """
 
+import hashlib
 import io
 import logging
 import os
@@ -188,6 +192,23 @@ IMAGE_SPECS = [
     infeed.Image(size=(8, 12), resize="random_resized_crop", flip=True, dtype="bfloat16", mean=127, std=64),
     infeed.Image(size=(10, 10), resize="pad", channels=1, dtype="uint16"),
     infeed.Image(size=(16, 16), resize=None, channels=4, dtype="int8", mean=128, max_pixels=1 << 16),
+    # The JPEG crop window (_jpeg.pyx over _jpeg_window.c) on image_seeds' larger photos (33x47 to 96x130):
+    # random crops of a few pixels, inside one iMCU, thin (aspect 1/8 to 8) or not...
+    infeed.Image(size=(4, 4), resize="random_resized_crop", area=(0.0005, 0.01), aspect=(1 / 8, 8), channels=4,
+                 flip=True),
+    infeed.Image(size=(12, 6), resize="random_resized_crop", area=(0.002, 0.05), channels=1, dtype="float32",
+                 mean=100, std=50, fast_dct=False, antialias=True),
+    # ... centre crops at each DCT scale (on the 96x130 photo: 1/1, 1/2, 1/4, 1/8), accurate and fast IDCT,
+    # 1, 3 and 4 channels ...
+    infeed.Image(size=(64, 64), fast_dct=False),
+    infeed.Image(size=(24, 24), channels=1, antialias=True),
+    infeed.Image(size=(12, 20), channels=4, dtype="float16", mean=(120, 110, 100, 255), std=60),
+    infeed.Image(size=(6, 6), channels=1, dtype="int16", mean=128, fast_dct=False),
+    # ... a small central window (rows skipped above it, iMCU columns cropped on both sides) ...
+    infeed.Image(size=(8, 8), central_fraction=0.25, channels=4, flip=True, max_pixels=1 << 20),
+    # ... the whole image fitted into a padded row at 1/4 and without DCT scaling.
+    infeed.Image(size=(20, 40), resize="pad", channels=4, dtype="float32", antialias=True, fast_dct=False),
+    infeed.Image(size=(10, 14), dct_scaling=False, antialias=True, max_pixels=1 << 20),
 ]
 IMAGE_PARSERS = [infeed.ExampleParser({"image": spec}) for spec in IMAGE_SPECS]
 
@@ -246,11 +267,13 @@ def write_seeds(directory: str) -> None:
         seeds.append(bytes([2, 4]) + framed)
         seeds.append(bytes([3, 0x80]) + gzip.compress(framed))
         seeds.append(bytes([3, 0]) + zlib.compress(framed))
-    for i, image in enumerate(image_seeds.seed_images()):
-        seeds.append(bytes([4, i]) + image)
-    for i, s in enumerate(seeds):
-        with open(os.path.join(directory, f"seed-{i:03d}"), "wb") as f:
-            f.write(s)
+    for image in image_seeds.seed_images():            # each image through every spec
+        seeds.extend(bytes([4, k]) + image for k in range(len(IMAGE_SPECS)))
+    for s in seeds:                                     # named by content: a corpus made before gets only the new
+        path = os.path.join(directory, f"seed-{hashlib.sha1(s).hexdigest()[:16]}")
+        if not os.path.exists(path):
+            with open(path, "wb") as f:
+                f.write(s)
 
 
 def main():
@@ -259,8 +282,7 @@ def main():
     for arg in sys.argv[1:]:
         if arg.startswith("--seed-corpus="):
             directory = arg.split("=", 1)[1]
-            if not os.path.isdir(directory) or not os.listdir(directory):
-                write_seeds(directory)
+            write_seeds(directory)
             argv.append(directory)
         else:
             argv.append(arg)

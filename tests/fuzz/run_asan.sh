@@ -12,8 +12,9 @@
 # A plain PYTHONPATH=build/asan cannot shadow them (infeed is a regular package whose
 # __path__ is ./infeed only, and the harness puts the project root first on sys.path), so a
 # generated sitecustomize.py in build/asan/_boot, on PYTHONPATH, installs a meta-path finder
-# that loads infeed's three extensions from build/asan and nothing else; it is
-# inherited by -fork/-jobs children too.  The script checks the loaded __file__ first.
+# that loads infeed's five extensions (_tfrecord, _example, _image, _jpeg, _ring) from
+# build/asan and nothing else; it is inherited by -fork/-jobs children too.  The script
+# checks the loaded __file__ first (and that infeed.Image's JPEGs take the _jpeg decoder).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -42,12 +43,14 @@ cat > "$BOOT/sitecustomize.py" <<'EOF'
 import importlib.machinery, importlib.util, os, sys
 
 _LIB = os.environ["INFEED_ASAN_LIB"]
+_NAMES = ("infeed.tfrecord._tfrecord", "infeed.example._example", "infeed.example._image", "infeed.example._jpeg",
+          "infeed.ring._ring")
 
 
 class _AsanExtensionFinder:
     @staticmethod
     def find_spec(name, path=None, target=None):
-        if name not in ("infeed.tfrecord._tfrecord", "infeed.example._example", "infeed.ring._ring"):
+        if name not in _NAMES:
             return None
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             f = os.path.join(_LIB, *name.split(".")) + suffix
@@ -117,15 +120,20 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:abort_o
 
 # Only python runs with the runtime preloaded (the build above must not).
 LD_PRELOAD=$PRELOAD "$PY" - <<'EOF'
-import os, infeed.tfrecord._tfrecord, infeed.example._example, infeed.ring._ring
+import importlib, os
 lib = os.environ["INFEED_ASAN_LIB"]
-for m in (infeed.tfrecord._tfrecord, infeed.example._example, infeed.ring._ring):
+for name in ("infeed.tfrecord._tfrecord", "infeed.example._example", "infeed.example._image",
+             "infeed.example._jpeg", "infeed.ring._ring"):
+    m = importlib.import_module(name)
     print(f"asan: {m.__name__} from {m.__file__}")
     assert m.__file__.startswith(lib + os.sep), f"{m.__name__} is not the ASan build"
+# infeed.Image's JPEGs go through the ASan build's crop-window decoder, not simplejpeg's whole-image path
+import infeed.example.image as image
+assert image._jpeg is not None and image._jpeg.__file__.startswith(lib + os.sep), image.JPEG_DECODER
 EOF
 
-# Default: fuzz from the harness's valid encodings (written once into build/asan-corpus,
-# which libFuzzer then grows); ASan's quarantine needs more than libFuzzer's 2 GB RSS limit.
+# Default: fuzz from the harness's valid encodings (added to build/asan-corpus where it lacks
+# them, which libFuzzer then grows); ASan's quarantine needs more than libFuzzer's 2 GB RSS limit.
 [ $# -gt 0 ] || set -- --seed-corpus="$ROOT/build/asan-corpus" -rss_limit_mb=4096 \
     -max_total_time="${ASAN_SECONDS:-60}"
 LD_PRELOAD=$PRELOAD exec "$PY" tests/fuzz/fuzz_infeed.py "$@"
