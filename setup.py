@@ -15,11 +15,11 @@ JPEG_DECODER = os.environ.get("INFEED_JPEG_DECODER", "")
 LIBJPEG_PACKAGES = "libjpeg-dev (Debian, Ubuntu), libjpeg-turbo-devel (Fedora, RHEL), libjpeg-turbo (Alpine, Arch)"
 
 
-def libjpeg_turbo():
+def libjpeg_turbo(include_places=("/usr/local/include", "/usr/include")):
     """The system's libjpeg-turbo as Extension keywords (include_dirs, library_dirs, libraries), found through
-    pkg-config (libjpeg) and checked for the crop API (jpeg_crop_scanline: libjpeg-turbo 1.5 and newer); None,
-    said once on stderr, where it is missing: the JPEG decoder is then left out and JPEGs decode through
-    simplejpeg, whole."""
+    pkg-config (libjpeg) and checked for the crop API (jpeg_crop_scanline: libjpeg-turbo 1.5 and newer) in the
+    jpeglib.h of pkg-config's, CPATH's or ``include_places``' folders; None, said once on stderr, where it is
+    missing: the JPEG decoder is then left out and JPEGs decode through simplejpeg, whole."""
     if JPEG_DECODER == "simplejpeg":
         return None
     flags = {"include_dirs": [], "library_dirs": [], "libraries": ["jpeg"]}
@@ -32,7 +32,7 @@ def libjpeg_turbo():
         flags["include_dirs"] = [w[2:] for w in words if w.startswith("-I")]
         flags["library_dirs"] = [w[2:] for w in words if w.startswith("-L")]
         flags["libraries"] = [w[2:] for w in words if w.startswith("-l")] or ["jpeg"]
-    places = flags["include_dirs"] + os.environ.get("CPATH", "").split(":") + ["/usr/local/include", "/usr/include"]
+    places = flags["include_dirs"] + os.environ.get("CPATH", "").split(":") + list(include_places)
     for place in filter(None, places):
         header = os.path.join(place, "jpeglib.h")
         if os.path.exists(header):

@@ -95,3 +95,45 @@ def test_the_sdist_manifest_names_every_source_the_extensions_build_from():
     included = {word for line in lines if line.startswith("include ") for word in line.split()[1:]}
     for source in re.findall(r'"(infeed/[\w/]+\.c)"', (ROOT / "setup.py").read_text()):
         assert source in included, f"MANIFEST.in leaves out {source}"
+
+
+def _libjpeg_turbo():
+    """setup.py's ``libjpeg_turbo`` alone, compiled from its source (running setup.py would build)."""
+    source = (ROOT / "setup.py").read_text()
+    tree = ast.parse(source)
+    keep = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "libjpeg_turbo"
+            or isinstance(node, ast.Assign) and node.targets[0].id in ("JPEG_DECODER", "LIBJPEG_PACKAGES")
+            or isinstance(node, ast.Import)]
+    namespace = {}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "setup.py", "exec"), namespace)
+    return namespace["libjpeg_turbo"]
+
+
+def test_the_build_finds_libjpeg_turbo_or_says_once_that_jpegs_decode_whole(tmp_path, monkeypatch, capsys):
+    find = _libjpeg_turbo()
+    monkeypatch.setenv("PATH", str(tmp_path))                   # no pkg-config
+    monkeypatch.delenv("CPATH", raising=False)
+    assert find(include_places=()) is None                      # no headers anywhere
+    err = capsys.readouterr().err
+    assert err.count("infeed: libjpeg-turbo's headers were not found") == 1
+    assert "JPEGs are decoded whole through simplejpeg" in err and "libjpeg-dev (Debian, Ubuntu)" in err
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "jpeglib.h").write_text("/* IJG libjpeg 6b, without the crop API */\n")
+    monkeypatch.setenv("CPATH", str(old))
+    assert find(include_places=()) is None                      # a libjpeg without the crop API is not enough
+    turbo = tmp_path / "turbo"
+    turbo.mkdir()
+    (turbo / "jpeglib.h").write_text("EXTERN(void) jpeg_crop_scanline(j_decompress_ptr cinfo);\n")
+    monkeypatch.setenv("CPATH", f"{old}:{turbo}")
+    assert find(include_places=()) == {"include_dirs": [], "library_dirs": [], "libraries": ["jpeg"]}
+    assert capsys.readouterr().err == ""
+
+
+def test_the_crop_window_decoder_is_built_where_libjpeg_turbo_is_installed():
+    """This machine's and CI's have libjpeg-dev: the wheels and the tests use the window decoder."""
+    from infeed.example import image
+
+    if _libjpeg_turbo()() is None:
+        pytest.skip("libjpeg-turbo's headers are not installed here")
+    assert image.JPEG_DECODER == "libjpeg-turbo crop window"
