@@ -122,6 +122,7 @@ def test_the_build_finds_libjpeg_turbo_or_says_once_that_jpegs_decode_whole(tmp_
     (old / "jpeglib.h").write_text("/* IJG libjpeg 6b, without the crop API */\n")
     monkeypatch.setenv("CPATH", str(old))
     assert find(include_places=()) is None                      # a libjpeg without the crop API is not enough
+    assert "headers were not found" in capsys.readouterr().err
     turbo = tmp_path / "turbo"
     turbo.mkdir()
     (turbo / "jpeglib.h").write_text("EXTERN(void) jpeg_crop_scanline(j_decompress_ptr cinfo);\n")
