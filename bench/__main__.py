@@ -45,6 +45,7 @@ import time
 
 from bench import harness
 from bench.data import datasets
+from bench.data.photos import PHOTO_SETS
 from bench.report import compare, markdown
 from bench.suites import (cpus_suite, decode_suite, grain_suite, images_suite, infeed_suite, loop_suite, remote_suite,
                           startup_suite, train_suite, transfer_suite)
@@ -70,7 +71,7 @@ SUITES = {
     "images": lambda args: images_suite.run(
         args.sources or tuple(images_suite.SOURCES), workers=args.workers,
         slots=args.slots or (images_suite.SLOTS,), quick=args.quick, repeats=args.repeats, scale=args.scale,
-        data_dir=args.data_dir, seed=args.seed, tensorflow=not args.no_tf),
+        data_dir=args.data_dir, seed=args.seed, tensorflow=not args.no_tf, photo_set=args.photos),
     "loop": lambda args: loop_suite.run(
         list(args.devices or loop_suite.DEVICES), models=args.models or loop_suite.MODELS, quick=args.quick,
         repeats=args.repeats),
@@ -148,6 +149,9 @@ def parse_args(argv):
                         f"{harness.NOISE_BOUND:g})")
     p.add_argument("--data-dir", metavar="DIR",
                    help="write (and reuse) the datasets here instead of a temporary directory")
+    p.add_argument("--photos", choices=list(PHOTO_SETS), default="sample",
+                   help="images: the photo set (default sample: crops of scikit-learn's photos; textured: the same "
+                        "with grain and a fine weave, more bits per pixel)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated datasets (default 0)")
     p.add_argument("--cpu", type=int, default=None,
                    help="decode: the CPU to pin to (default: the last allowed; infeed never pins)")

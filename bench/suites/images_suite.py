@@ -67,7 +67,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import infeed
-from bench.data.photos import MODES, SIZE, SOURCES, ensure_photos, images_of, spec, write_photos
+from bench.data.photos import MODES, PHOTO_SETS, SIZE, SOURCES, ensure_photos, images_of, spec, write_photos
 from bench.harness import (STEADY_BATCHES_PER_WORKER, Case, Refused, SuiteResult, daemon_batches,
                            interleave, log, settle_allocator, stage_breakdown, steady_refusal)
 from bench.peers.parallel_parse import ParallelParse
@@ -317,7 +317,7 @@ def _part_cases(images: list[bytes], nbytes: int) -> list[Case]:
 
 def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1, 2), slots: Sequence[int] = (SLOTS,),
         quick: bool = False, repeats: int | None = None, scale: float = 1.0, data_dir=None, seed: int = 0,
-        tensorflow: bool = True) -> SuiteResult:
+        tensorflow: bool = True, photo_set: str = "sample") -> SuiteResult:
     """Measures every source size; returns the figures, the ratios against TARGETS, timings and notes.
 
     slots: the daemons' ring sizes (:data:`SLOTS` always among them), each a row per W and crop mode.
@@ -330,7 +330,7 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
     result = SuiteResult(SUITE, group_label="source", name_label="pipeline",
                          params={"sources": list(sources), "repeats": repeats, "warmup": WARMUP,
                                  "batch_size": BATCH_SIZE, "size": SIZE, "workers": list(workers), "slots": slots,
-                                 "seed": seed})
+                                 "seed": seed, "photos": photo_set})
     tf = decode_suite._import_tensorflow() if tensorflow else None
     result.params["tensorflow"] = getattr(tf, "__version__", None)
     result.params["jpeg_decoder"] = image_module.JPEG_DECODER
@@ -344,10 +344,10 @@ def run(sources: Sequence[str] = tuple(SOURCES), *, workers: Sequence[int] = (1,
             base = max(small if quick else full, daemon_batches(max(workers)) * BATCH_SIZE)
             records = max(3 * BATCH_SIZE, round(base * scale)) // BATCH_SIZE * BATCH_SIZE
             log(f"images: writing {records} {source} photos to {data_dir} ...")
-            path, took = ensure_photos(data_dir, source, records, seed)
+            path, took = ensure_photos(data_dir, source, records, seed, photo_set)
             _measure_source(result, tf, source, path, records, workers, slots, repeats)
             how = "reused" if took is None else f"written in {took:.1f} s"
-            result.notes.append(f"data: {source}: {records} photos, {os.path.getsize(path) / 1e6:.1f} MB "
+            result.notes.append(f"data: {source}: {records} photos ({photo_set}: {PHOTO_SETS[photo_set]}), {os.path.getsize(path) / 1e6:.1f} MB "
                                 f"({os.path.getsize(path) / records / 1e3:.0f} KB each), {how}: {path}")
     result.notes.append("nothing pinned; the daemon's consumer only takes batches; its rows are the steady state "
                         f"(batches W+1..N, at least {STEADY_BATCHES_PER_WORKER} per worker; the photos are as many as "

@@ -85,14 +85,28 @@ def test_the_photos_are_jpegs_of_the_size_asked_in_the_imagenet_layout(tmp_path)
     assert len({batch["image"][i].tobytes() for i in range(3)}) == 3
 
 
+def test_the_textured_set_is_the_same_crops_with_more_bits_per_pixel(tmp_path):
+    from bench.data import photos
+
+    sizes = {}
+    for photo_set in photos.PHOTO_SETS:
+        path, _ = photos.ensure_photos(str(tmp_path), "500x375", 4, 0, photo_set)
+        assert path.endswith("-textured-4-seed0-v1.tfrecord") == (photo_set == "textured")
+        sizes[photo_set] = os.path.getsize(path)
+    assert sizes["textured"] > 1.5 * sizes["sample"]
+    with pytest.raises(ValueError, match="unknown photo set 'noisy'; known: sample, textured"):
+        photos.write_photos(str(tmp_path / "x"), 8, 8, 1, photo_set="noisy")
+
+
 def test_the_command_line_names_the_photo_sizes_and_ring_sizes_and_refuses_an_unknown_size(monkeypatch, capsys):
     asked = {}
     monkeypatch.setattr(suite, "run", lambda sources, **kw: asked.update(sources=sources, **kw))
     bench_main.SUITES["images"](bench_main.parse_args(["images", "--sources", "1024x768", "--slots", "32",
                                                        "--workers", "1,8"]))
     assert (asked["sources"], asked["slots"], asked["workers"]) == (["1024x768"], [32], [1, 8])
-    bench_main.SUITES["images"](bench_main.parse_args(["images"]))
-    assert (asked["sources"], asked["slots"]) == (tuple(suite.SOURCES), (suite.SLOTS,))
+    assert asked["photo_set"] == "sample"
+    bench_main.SUITES["images"](bench_main.parse_args(["images", "--photos", "textured"]))
+    assert (asked["sources"], asked["slots"], asked["photo_set"]) == (tuple(suite.SOURCES), (suite.SLOTS,), "textured")
     with pytest.raises(SystemExit):
         bench_main.parse_args(["images", "--sources", "640x480"])
     assert "unknown sources ['640x480']; known: 500x375, 1024x768" in capsys.readouterr().err
