@@ -57,6 +57,7 @@ cdef class WindowDecoder:
     cdef uint8_t *_buffer
     cdef size_t _capacity
     cdef bint _cmyk
+    cdef bint _busy          # set under the GIL around each call: one image at a time, whatever the threads
 
     def __cinit__(self):
         self._jpeg = infeed_jpeg_new()
@@ -67,6 +68,11 @@ cdef class WindowDecoder:
         infeed_jpeg_free(self._jpeg)
         free(self._buffer)
 
+    cdef _enter(self):
+        if self._busy:
+            raise RuntimeError("a WindowDecoder decodes one image at a time: give each thread its own")
+        self._busy = True
+
     @property
     def buffer_bytes(self) -> int:
         """The window buffer's size now."""
@@ -76,8 +82,14 @@ cdef class WindowDecoder:
         """``(height, width, components, progressive)`` from the header; :class:`JpegError` if it is broken."""
         cdef infeed_jpeg_header h
         cdef int done
-        with nogil:
-            done = infeed_jpeg_read_header(self._jpeg, &data[0], data.shape[0], &h)
+        if data.shape[0] == 0:
+            raise JpegError("no bytes")
+        self._enter()
+        try:
+            with nogil:
+                done = infeed_jpeg_read_header(self._jpeg, &data[0], data.shape[0], &h)
+        finally:
+            self._busy = False
         if done < 0:
             raise JpegError(infeed_jpeg_message(self._jpeg).decode("utf-8", "replace"))
         self._cmyk = h.cmyk
@@ -126,18 +138,19 @@ cdef class WindowDecoder:
         rows = window.y_hi - window.y_lo
         cdef size_t need = <size_t>rows * (window.x_hi - window.x_lo + ALIGN_SLACK + 2 * EDGE) * \
             (4 if self._cmyk or channels == 4 else channels)
-        if need > self._capacity:
-            free(self._buffer)
-            self._capacity = 0
-            self._buffer = <uint8_t *>malloc(need)
-            if self._buffer == NULL:
-                raise MemoryError(f"{need} bytes for a JPEG window")
-            self._capacity = need
         cdef Py_ssize_t out_stride = out.strides[0]
         cdef char *dst = <char *>cnp.PyArray_DATA(out) + top * out_stride + left * out.strides[1]
         cdef const float *scales = <const float *>cnp.PyArray_DATA(scale)
         cdef const float *biases = <const float *>cnp.PyArray_DATA(bias)
+        self._enter()
         try:
+            if need > self._capacity:
+                free(self._buffer)
+                self._capacity = 0
+                self._buffer = <uint8_t *>malloc(need)
+                if self._buffer == NULL:
+                    raise MemoryError(f"{need} bytes for a JPEG window")
+                self._capacity = need
             with nogil:
                 done = infeed_jpeg_decode(self._jpeg, &data[0], data.shape[0], &window, self._buffer,
                                           self._capacity, &first_col, &cols)
@@ -146,6 +159,7 @@ cdef class WindowDecoder:
                                              wx - first_col, wh, ww, dst, out_stride, out_kind, out_h, out_w, flip,
                                              antialias, scales, biases)
         finally:
+            self._busy = False
             if self._capacity > KEEP_BYTES:
                 free(self._buffer)
                 self._buffer, self._capacity = NULL, 0

@@ -8,6 +8,7 @@ pixel, and the batch rows against simplejpeg's whole-image path (the build witho
 """
 
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -192,3 +193,37 @@ def test_decode_into_checks_what_it_is_given():
             decoder.decode_into(data, **{**good, **change})
     with pytest.raises(_jpeg.JpegError, match="no bytes"):
         decoder.decode_into(b"", **good)
+
+
+def test_decoders_of_their_own_decode_in_threads_at_once_and_a_shared_one_refuses_a_second_thread():
+    data = simplejpeg.encode_jpeg(photo(384, 512, seed=3), quality=90)
+    ones, zeros = np.ones(3, np.float32), np.zeros(3, np.float32)
+    want = np.zeros((64, 64, 3), np.uint8)
+    _jpeg.WindowDecoder().decode_into(data, 384, 512, 2, 10, 20, 300, 400, want, 0, 0, 64, 64, 0, False, False, True,
+                                      ones, zeros)
+    shared, outcomes = _jpeg.WindowDecoder(), []
+
+    def work(decoder):
+        for _ in range(40):
+            out = np.zeros((64, 64, 3), np.uint8)
+            try:
+                decoder.decode_into(data, 384, 512, 2, 10, 20, 300, 400, out, 0, 0, 64, 64, 0, False, False, True,
+                                    ones, zeros)
+            except RuntimeError as e:
+                outcomes.append(str(e))
+            else:
+                outcomes.append(np.array_equal(out, want))
+
+    for decoders in ([_jpeg.WindowDecoder(), _jpeg.WindowDecoder()], [shared, shared]):
+        outcomes.clear()
+        threads = [threading.Thread(target=work, args=(d,)) for d in decoders]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(outcomes) == 80
+        refused = [o for o in outcomes if isinstance(o, str)]
+        assert all(o is True for o in outcomes if not isinstance(o, str))
+        assert all(o == "a WindowDecoder decodes one image at a time: give each thread its own" for o in refused)
+        if decoders[0] is not decoders[1]:
+            assert not refused
