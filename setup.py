@@ -18,8 +18,9 @@ LIBJPEG_PACKAGES = "libjpeg-dev (Debian, Ubuntu), libjpeg-turbo-devel (Fedora, R
 def libjpeg_turbo(include_places=("/usr/local/include", "/usr/include")):
     """The system's libjpeg-turbo as Extension keywords (include_dirs, library_dirs, libraries), found through
     pkg-config (libjpeg) and checked for the crop API (jpeg_crop_scanline: libjpeg-turbo 1.5 and newer) in the
-    jpeglib.h of pkg-config's, CPATH's or ``include_places``' folders; None, said once on stderr, where it is
-    missing: the JPEG decoder is then left out and JPEGs decode through simplejpeg, whole."""
+    jpeglib.h of pkg-config's, CPATH's or ``include_places``' folders; None where it is missing, said on stderr
+    (once a run of setup.py: pip shows it with -v; infeed's log says it again at the first JPEG): the JPEG decoder
+    is then left out and JPEGs decode through simplejpeg, whole."""
     if JPEG_DECODER == "simplejpeg":
         return None
     flags = {"include_dirs": [], "library_dirs": [], "libraries": ["jpeg"]}

@@ -1,8 +1,8 @@
 """Checks an installed copy of the project, away from any checkout: `make check-install` runs it with the Python of
 a fresh venv that holds only the sdist or the wheel (and their dependencies), as `python -I`, from an empty folder.
 
-It checks that ``infeed``, ``xla_runtime`` and ``estimator`` come from site-packages with compiled extensions, that
-the decoder gives what TensorFlow decoded for the shared fixture ``dense.tfrecord``, and that the estimator trains
+It checks that ``infeed``, ``xla_runtime`` and ``estimator`` come from site-packages with compiled extensions
+(JPEGs through the crop-window decoder, whose window is the whole image's pixels there), that the decoder gives what TensorFlow decoded for the shared fixture ``dense.tfrecord``, and that the estimator trains
 a few steps from TFRecords through the decoding daemon, evaluates every example once, and exports a model that
 serves what ``predict`` gives. Exits non-zero, naming the check, when one fails.
 
@@ -30,7 +30,7 @@ def check_where_installed() -> None:
     import estimator
     import infeed
     import xla_runtime
-    from infeed.example import _example, _image
+    from infeed.example import _example, _image, _jpeg, image
     from infeed.ring import _ring
     from infeed.tfrecord import _tfrecord
 
@@ -39,8 +39,30 @@ def check_where_installed() -> None:
         where = pathlib.Path(module.__file__).resolve()
         check(site in where.parents, f"{module.__name__} imported from site-packages ({where.parent})")
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    for extension in (_tfrecord, _example, _image, _ring):
+    for extension in (_tfrecord, _example, _image, _jpeg, _ring):
         check(extension.__file__.endswith(suffix), f"{extension.__name__} is a compiled extension ({suffix})")
+    check(image.JPEG_DECODER == "libjpeg-turbo crop window", f"JPEGs decode through the crop window "
+          f"({image.JPEG_DECODER}; the wheel carries libjpeg-turbo, the sdist needs its headers)")
+
+
+def check_jpeg_window() -> None:
+    """A photo's crop window decoded by the installed decoder is the same as its whole image decoded and cut."""
+    import numpy as np
+    import simplejpeg
+
+    import infeed
+
+    y, x = np.mgrid[0:96, 0:128]
+    pixels = np.stack([(x * 2) % 256, (y * 3) % 256, (x + y) % 256], axis=-1).astype(np.uint8)
+    data = simplejpeg.encode_jpeg(pixels, quality=95)
+    crop = infeed.Image(size=(40, 60), resize="random_resized_crop", area=(0.1953125, 0.1953125), aspect=(1.5, 1.5))
+    whole = infeed.parse_examples([infeed.encode_example({"image/encoded": data})],
+                                  {"image": infeed.Image(size=(96, 128), resize=None)})["image"][0]
+    window = infeed.ExampleParser({"image": crop}, seed=5).parse([infeed.encode_example({"image/encoded": data})],
+                                                                 ids=[(0, 0, 0)])["image"][0]
+    check(whole.shape == (96, 128, 3) and window.shape == (40, 60, 3) and
+          any(np.array_equal(window, whole[y0:y0 + 40, x0:x0 + 60]) for y0 in range(57) for x0 in range(69)),
+          "a JPEG's 40x60 crop window, decoded alone, is the whole image's pixels there")
 
 
 def check_fixture(fixtures: pathlib.Path) -> None:
@@ -125,6 +147,7 @@ def main() -> int:
     check(sys.flags.isolated == 1, "run as python -I (no checkout on sys.path)")
     print(f"Python {sys.version.split()[0]}", flush=True)
     check_where_installed()
+    check_jpeg_window()
     check_fixture(args.fixtures)
     with tempfile.TemporaryDirectory() as root:
         check_training(pathlib.Path(root))

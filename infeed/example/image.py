@@ -19,6 +19,7 @@ Random crops and flips draw from the record's own generator
 from __future__ import annotations
 
 import io
+import logging
 import math
 import struct
 import warnings
@@ -37,6 +38,8 @@ __all__ = ["ImageDecoder", "BadImage", "JPEG_DECODER"]
 
 #: Which decoder JPEGs go through in this build: the crop window's own, or simplejpeg's whole-image decode.
 JPEG_DECODER = "libjpeg-turbo crop window" if _jpeg is not None else "simplejpeg"
+_log = logging.getLogger(__name__)
+_said_whole = False                # the build's lack said once a process, at its first JPEG
 
 #: The DCT scales libjpeg-turbo decodes faster than the full size (its M/8 scales for other M are slower).
 _DCT_DIVISORS = (8, 4, 2)
@@ -190,6 +193,12 @@ class ImageDecoder:
         without ``dct_scaling``)."""
         import simplejpeg
 
+        global _said_whole
+        if _jpeg is None and not _said_whole:
+            _said_whole = True
+            _log.warning("infeed was built without libjpeg-turbo's headers: JPEGs are decoded whole through "
+                         "simplejpeg, not just their crop window (slower for crops). Install libjpeg-dev (Debian, "
+                         "Ubuntu) or libjpeg-turbo-devel (Fedora, RHEL) and reinstall, or install the wheel")
         divisor = self._dct_divisor(shrink_h, shrink_w)
         min_h, min_w = -(-height // divisor), -(-width // divisor)
         need = (min_h + 1) * (min_w + 1) * self.spec.channels

@@ -206,6 +206,16 @@ def test_jpeg_colour_models_grayscale_and_cmyk_give_the_channels_asked(channels)
         assert (got[..., 3] == 255).all()
 
 
+def test_a_build_without_the_window_decoder_says_so_once_at_its_first_jpeg(jpeg_decoder, monkeypatch, caplog):
+    monkeypatch.setattr(image_module, "_said_whole", False)
+    data = jpeg(photo(48, 64))
+    with caplog.at_level(logging.WARNING, logger="infeed.example.image"):
+        decode(Image(size=(32, 32)), data)
+        decode(Image(size=(32, 32)), data)
+    said = [r.getMessage() for r in caplog.records if "built without libjpeg-turbo's headers" in r.getMessage()]
+    assert len(said) == (1 if jpeg_decoder == "simplejpeg" else 0)
+
+
 def test_a_progressive_jpeg_decodes_as_the_baseline_one():
     pixels = photo(64, 64)
     base = decode(Image(size=(64, 64), resize=None), pil_bytes(pixels, "JPEG", quality=95))
