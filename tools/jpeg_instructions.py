@@ -8,7 +8,9 @@ Modes: ``bare`` (simplejpeg's decode of the whole photo, nothing else), ``center
 ``random_resized_crop`` (``infeed.Image(size=(224, 224))`` through ``ExampleParser``, uint8), each through the
 crop-window decoder (``_jpeg``, where the build has it) and through simplejpeg's whole-image path (``:whole``,
 the build without libjpeg-turbo's headers, and every build before the window decoder). The photos are
-``bench/data/photos.py``'s (seed 3). Needs valgrind; each size takes about two minutes.
+``bench/data/photos.py``'s (seed 3). For the window modes it also prints where the instructions go: the
+inclusive cost of libjpeg's calls (the header, the start, the rows skipped, the window's rows) and of the resize
+kernel. Needs valgrind; each size takes about four minutes.
 """
 
 from __future__ import annotations
@@ -52,8 +54,27 @@ def run_one(path: str, mode: str, count: int) -> None:
 def _instructions(path: str, mode: str, count: int, folder: str) -> int:
     out = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/cg.{mode}",
                           sys.executable, __file__, "--one", path, mode, str(count)],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, check=True)
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": ROOT, "PYTHONHASHSEED": "0"})  # the same start-up each run
     return int(re.search(r"Collected : (\d+)", out.stderr)[1])
+
+
+#: Where a window decode's instructions go: (label, the function whose inclusive cost it is).
+PARTS = (("header", "infeed_jpeg_read_header"), ("start (tables, buffers)", "jpeg_start_decompress"),
+         ("rows above skipped (entropy only)", "jpeg_skip_scanlines"),
+         ("window rows (entropy of whole rows, IDCT, colour of the window)", "jpeg_read_scanlines"),
+         ("resize kernel", "resize_pixels"))
+
+
+def _parts(folder: str, mode: str, count: int) -> dict:
+    """Per image, the inclusive instructions of each of :data:`PARTS` in the run of ``mode``."""
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", f"{folder}/cg.{mode}"],
+                         capture_output=True, text=True, check=True).stdout
+    parts = {}
+    for label, function in PARTS:
+        found = re.search(rf"^\s*([\d,]+) \([^)]*\)\s+\S*:(?:\w*_)?{function}\b", out, re.M)
+        parts[label] = int(found[1].replace(",", "")) / count if found else 0
+    return parts
 
 
 def main() -> None:
@@ -76,7 +97,13 @@ def main() -> None:
             photos.write_photos(path, height, width, 8, seed=3)
             base = _instructions(path, "none", args.photos, folder)
             figures = {mode: (_instructions(path, mode, args.photos, folder) - base) / args.photos for mode in MODES}
-            print(f"  {size}: " + ", ".join(f"{mode} {n / 1e6:.1f} M" for mode, n in figures.items()))
+            print(f"  {size}: " + ", ".join(f"{mode} {n / 1e6:.2f} M" for mode, n in figures.items()))
+            for mode in (m for m in MODES if m != "bare" and ":" not in m):
+                parts = _parts(folder, mode, args.photos)
+                rest = figures[mode] - sum(parts.values())
+                print(f"    {mode}, where they go: " + ", ".join(f"{label} {n / 1e6:.2f} M"
+                                                              for label, n in parts.items())
+                      + f", the rest (Python, the Example, the decode's own header read) {rest / 1e6:.2f} M")
 
 
 if __name__ == "__main__":
