@@ -55,7 +55,9 @@ def _instructions(path: str, mode: str, count: int, folder: str) -> int:
     out = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/cg.{mode}",
                           sys.executable, __file__, "--one", path, mode, str(count)],
                          capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": ROOT, "PYTHONHASHSEED": "0"})  # the same start-up each run
+                         # the same start-up each run, and no BLAS threads spinning beside it (callgrind counts them)
+                         env={**os.environ, "PYTHONPATH": ROOT, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1",
+                              "OMP_NUM_THREADS": "1"})
     return int(re.search(r"Collected : (\d+)", out.stderr)[1])
 
 
