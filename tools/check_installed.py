@@ -2,9 +2,10 @@
 a fresh venv that holds only the sdist or the wheel (and their dependencies), as `python -I`, from an empty folder.
 
 It checks that ``infeed``, ``xla_runtime`` and ``estimator`` come from site-packages with compiled extensions
-(JPEGs through the crop-window decoder, whose window is the whole image's pixels there), that the decoder gives what TensorFlow decoded for the shared fixture ``dense.tfrecord``, and that the estimator trains
-a few steps from TFRecords through the decoding daemon, evaluates every example once, and exports a model that
-serves what ``predict`` gives. Exits non-zero, naming the check, when one fails.
+(JPEGs through the crop-window decoder, whose window is the whole image's pixels there), that the decoder gives
+what TensorFlow decoded for the shared fixture ``dense.tfrecord``, and that the estimator trains a few steps
+from TFRecords through the decoding daemon, evaluates every example once, and exports a model that serves what
+``predict`` gives. Exits non-zero, naming the check, when one fails.
 
     python -I tools/check_installed.py FIXTURES_DIR
 """

@@ -28,7 +28,7 @@ cdef extern from "_jpeg_window.h":
     ctypedef struct infeed_jpeg:
         pass
     ctypedef struct infeed_jpeg_header:
-        int height, width, components, cmyk, progressive
+        int height, width, cmyk
     ctypedef struct infeed_jpeg_window:
         int channels, fast_dct, denom, y_lo, y_hi, x_lo, x_hi
     enum: ALIGN_SLACK "INFEED_JPEG_ALIGN_SLACK"
@@ -79,7 +79,7 @@ cdef class WindowDecoder:
         return self._capacity
 
     def header(self, const uint8_t[::1] data):
-        """``(height, width, components, progressive)`` from the header; :class:`JpegError` if it is broken."""
+        """``(height, width)`` from the header; :class:`JpegError` if it is broken."""
         cdef infeed_jpeg_header h
         cdef int done
         if data.shape[0] == 0:
@@ -93,7 +93,7 @@ cdef class WindowDecoder:
         if done < 0:
             raise JpegError(infeed_jpeg_message(self._jpeg).decode("utf-8", "replace"))
         self._cmyk = h.cmyk
-        return h.height, h.width, h.components, bool(h.progressive)
+        return h.height, h.width
 
     def decode_into(self, const uint8_t[::1] data, int height, int width, int denom, double y0, double x0,
                     double crop_h, double crop_w, cnp.ndarray out, int top, int left, int out_h, int out_w,

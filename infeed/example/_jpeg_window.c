@@ -2,6 +2,7 @@
 #include "_jpeg_window.h"
 
 #include <setjmp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,9 +78,7 @@ int infeed_jpeg_read_header(infeed_jpeg *j, const uint8_t *data, size_t size, in
     start(j, data, size);
     header->height = (int)j->cinfo.image_height;
     header->width = (int)j->cinfo.image_width;
-    header->components = j->cinfo.num_components;
     header->cmyk = is_cmyk(&j->cinfo);
-    header->progressive = j->cinfo.progressive_mode;
     jpeg_abort_decompress(&j->cinfo);
     return 0;
 }
@@ -112,6 +111,16 @@ static void convert_cmyk(uint8_t *pixels, size_t count, int channels, int invert
     }
 }
 
+/* A decode refused for a reason of ours: the message set, the decompression reset, -1. */
+static int refuse(infeed_jpeg *j, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(j->message, sizeof j->message, format, args);
+    va_end(args);
+    jpeg_abort_decompress(&j->cinfo);
+    return -1;
+}
+
 int infeed_jpeg_decode(infeed_jpeg *j, const uint8_t *data, size_t size, const infeed_jpeg_window *window,
                        uint8_t *out, size_t capacity, int *first_col, int *cols) {
     struct jpeg_decompress_struct *cinfo = &j->cinfo;
@@ -131,9 +140,7 @@ int infeed_jpeg_decode(infeed_jpeg *j, const uint8_t *data, size_t size, const i
         case 3: cinfo->out_color_space = JCS_RGB; break;
         case 4: cinfo->out_color_space = JCS_EXT_RGBA; break;
         default:
-            snprintf(j->message, sizeof j->message, "%d channels asked (1, 3 or 4)", window->channels);
-            jpeg_abort_decompress(cinfo);
-            return -1;
+            return refuse(j, "%d channels asked (1, 3 or 4)", window->channels);
     }
     if (cmyk)
         cinfo->out_color_space = JCS_CMYK;            /* libjpeg converts YCCK to CMYK, not CMYK to RGB */
@@ -142,13 +149,10 @@ int infeed_jpeg_decode(infeed_jpeg *j, const uint8_t *data, size_t size, const i
     cinfo->scale_denom = (unsigned int)window->denom;
     jpeg_calc_output_dimensions(cinfo);
     if (window->y_lo < 0 || window->y_hi > (int)cinfo->output_height || window->y_lo >= window->y_hi ||
-        window->x_lo < 0 || window->x_hi > (int)cinfo->output_width || window->x_lo >= window->x_hi) {
-        snprintf(j->message, sizeof j->message, "window rows [%d, %d) columns [%d, %d) outside the %ux%u image "
-                 "at 1/%d", window->y_lo, window->y_hi, window->x_lo, window->x_hi,
-                 (unsigned)cinfo->output_width, (unsigned)cinfo->output_height, window->denom);
-        jpeg_abort_decompress(cinfo);
-        return -1;
-    }
+        window->x_lo < 0 || window->x_hi > (int)cinfo->output_width || window->x_lo >= window->x_hi)
+        return refuse(j, "window rows [%d, %d) columns [%d, %d) outside the %ux%u image at 1/%d", window->y_lo,
+                      window->y_hi, window->x_lo, window->x_hi, (unsigned)cinfo->output_width,
+                      (unsigned)cinfo->output_height, window->denom);
     jpeg_start_decompress(cinfo);
     xoffset = (JDIMENSION)window->x_lo;
     width = (JDIMENSION)(window->x_hi - window->x_lo);
@@ -156,17 +160,11 @@ int infeed_jpeg_decode(infeed_jpeg *j, const uint8_t *data, size_t size, const i
     pixel = (size_t)(cmyk ? 4 : window->channels);
     stride = (size_t)width * pixel;
     rows = window->y_hi - window->y_lo;
-    if ((size_t)rows * stride > capacity || (int)cinfo->output_components != (int)pixel) {
-        snprintf(j->message, sizeof j->message, "the window needs %zu bytes of %d-byte pixels, the buffer holds "
-                 "%zu", (size_t)rows * stride, cinfo->output_components, capacity);
-        jpeg_abort_decompress(cinfo);
-        return -1;
-    }
-    if (window->y_lo > 0 && jpeg_skip_scanlines(cinfo, (JDIMENSION)window->y_lo) != (JDIMENSION)window->y_lo) {
-        snprintf(j->message, sizeof j->message, "could not skip %d rows", window->y_lo);
-        jpeg_abort_decompress(cinfo);
-        return -1;
-    }
+    if ((size_t)rows * stride > capacity || (int)cinfo->output_components != (int)pixel)
+        return refuse(j, "the window needs %zu bytes of %d-byte pixels, the buffer holds %zu",
+                      (size_t)rows * stride, cinfo->output_components, capacity);
+    if (window->y_lo > 0 && jpeg_skip_scanlines(cinfo, (JDIMENSION)window->y_lo) != (JDIMENSION)window->y_lo)
+        return refuse(j, "could not skip %d rows", window->y_lo);
     while (cinfo->output_scanline < (JDIMENSION)window->y_hi) {
         int done = (int)cinfo->output_scanline - window->y_lo;
         int want = window->y_hi - (int)cinfo->output_scanline;
@@ -174,11 +172,8 @@ int infeed_jpeg_decode(infeed_jpeg *j, const uint8_t *data, size_t size, const i
             want = 16;
         for (r = 0; r < want; r++)
             lines[r] = out + (size_t)(done + r) * stride;
-        if (jpeg_read_scanlines(cinfo, lines, (JDIMENSION)want) == 0) {
-            snprintf(j->message, sizeof j->message, "no rows past row %d", (int)cinfo->output_scanline);
-            jpeg_abort_decompress(cinfo);
-            return -1;
-        }
+        if (jpeg_read_scanlines(cinfo, lines, (JDIMENSION)want) == 0)
+            return refuse(j, "no rows past row %d", (int)cinfo->output_scanline);
     }
     if (cmyk)
         convert_cmyk(out, (size_t)rows * width, window->channels, cinfo->saw_Adobe_marker);

@@ -17,9 +17,7 @@ typedef struct infeed_jpeg infeed_jpeg;
 /* What the header declares. */
 typedef struct {
     int height, width;
-    int components;         /* 1 gray, 3 colour, 4 CMYK or YCCK */
-    int cmyk;               /* decoded as CMYK and converted here */
-    int progressive;
+    int cmyk;               /* CMYK or YCCK: decoded as CMYK (4 bytes a pixel) and converted here */
 } infeed_jpeg_header;
 
 /* What to decode: the rows [y_lo, y_hi) and at least the columns [x_lo, x_hi) of the image at 1/denom scale. */

@@ -121,7 +121,8 @@ class ImageDecoder:
         if len(data) == 0:
             raise BadImage("an empty value")
         head = bytes(data[:8])
-        if head.startswith(_JPEG_MAGIC):
+        jpeg = head.startswith(_JPEG_MAGIC)
+        if jpeg:
             height, width = self._jpeg_size(data)
         elif head == _PNG_MAGIC:
             height, width = _png_size(data)
@@ -148,7 +149,7 @@ class ImageDecoder:
                 raise BadImage(f"a {width}x{height} image where resize=None needs {spec.size[1]}x{spec.size[0]}")
         flip = bool(rng.random() < 0.5) if spec.flip else False
         y0, x0, crop_h, crop_w = window
-        if head.startswith(_JPEG_MAGIC) and self._window is not None:
+        if jpeg and self._window is not None:
             scale, bias = self._affine[8]
             try:
                 self._window.decode_into(data, height, width, self._dct_divisor(crop_h / out_h, crop_w / out_w),
@@ -157,7 +158,7 @@ class ImageDecoder:
             except _jpeg.JpegError as e:
                 raise BadImage(f"a broken JPEG: {e}") from None
             return
-        if head.startswith(_JPEG_MAGIC):
+        if jpeg:
             pixels = self._jpeg_pixels(data, height, width, crop_h / out_h, crop_w / out_w)
         else:
             pixels = self._png_pixels(data)
@@ -170,7 +171,7 @@ class ImageDecoder:
     def _jpeg_size(self, data) -> tuple[int, int]:
         if self._window is not None:
             try:
-                return self._window.header(data)[:2]
+                return self._window.header(data)
             except _jpeg.JpegError as e:
                 raise BadImage(f"a broken JPEG header: {e}") from None
         import simplejpeg

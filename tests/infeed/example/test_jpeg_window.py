@@ -66,7 +66,7 @@ WINDOWS = [(0, 0, HEIGHT, WIDTH), (0, 0, 9, 17), (HEIGHT - 9, WIDTH - 17, 9, 17)
 def window_pixels(data: bytes, window, channels=3, fast_dct=True) -> np.ndarray:
     """The window decoded by the window decoder at full scale and copied out unresized (1:1 taps are exact)."""
     decoder = _jpeg.WindowDecoder()
-    height, width, _, _ = decoder.header(data)
+    height, width = decoder.header(data)
     y0, x0, h, w = window
     out = np.zeros((h, w, channels), np.uint8)
     ones, zeros = np.ones(channels, np.float32), np.zeros(channels, np.float32)
