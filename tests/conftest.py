@@ -123,29 +123,57 @@ def fixtures_dir() -> Path:
 ROOT = str(Path(__file__).resolve().parents[1])
 
 
+#: The first line of each two-process worker (whose source starts with an empty line, so its line numbers stay):
+#: a process whose main code raises prints the traceback and exits at once (else jax.distributed's shutdown at
+#: exit would wait for the other, which waits for it in a collective), and SIGUSR1 prints every thread's stack.
+_WORKER_PREAMBLE = ("import faulthandler, os, signal, sys, traceback; "
+                    "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+                    "sys.excepthook = lambda kind, value, tb: (traceback.print_exception(kind, value, tb), "
+                    "sys.stdout.flush(), sys.stderr.flush(), os._exit(1))")
+
+
 @pytest.fixture
-def run_two_processes():
-    """``run(worker, *args, timeout=)``: runs the Python source ``worker`` in two processes on 4 CPU
+def run_two_processes(tmp_path):
+    """``run(worker, *args, timeout=, env=)``: runs the Python source ``worker`` in two processes on 4 CPU
     devices each, with ``sys.argv[1:] == [coordinator address, process id, *args]`` (the project
-    importable), and returns the JSON each printed last, in process order. A failure shows its stderr."""
-    def run(worker: str, *args: str, timeout: float = 120) -> list:
+    importable; ``env``: variables to add to theirs), and returns the JSON each printed last, in process order. Both are watched at once: when
+    one fails, or ``timeout`` seconds pass, the others print their stacks and are stopped, and the test fails
+    showing every process's stderr."""
+    def run(worker: str, *args: str, timeout: float = 120, env: dict | None = None) -> list:
         with socket.socket() as s:
             s.bind(("localhost", 0))
             address = f"localhost:{s.getsockname()[1]}"
         env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        procs = [subprocess.Popen([sys.executable, "-c", worker, address, str(i), *args], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-        results = []
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+        logs = [(tmp_path / f"process-{i}.stdout", tmp_path / f"process-{i}.stderr") for i in range(2)]
+        procs, unfinished = [], []
         try:
-            for p in procs:
-                out, err = p.communicate(timeout=timeout)
-                assert p.returncode == 0, err[-4000:]
-                results.append(json.loads(out.strip().splitlines()[-1]))
+            for i, (out, err) in enumerate(logs):
+                with open(out, "w") as out_file, open(err, "w") as err_file:
+                    procs.append(subprocess.Popen([sys.executable, "-c", _WORKER_PREAMBLE + worker, address, str(i),
+                                                   *args], env=env, stdout=out_file, stderr=err_file))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                statuses = [p.poll() for p in procs]
+                if None not in statuses or any(statuses):      # all done, or one failed
+                    break
+                time.sleep(0.1)
+            unfinished = [p for p in procs if p.poll() is None]
+            for p in unfinished:
+                p.send_signal(signal.SIGUSR1)
+            if unfinished:
+                time.sleep(1)
         finally:
             for p in procs:
                 p.kill()
-        return results
+                p.wait()
+        if unfinished or any(p.returncode for p in procs):
+            why = "the other failed" if any(p.returncode for p in procs if p not in unfinished) else f"{timeout} s"
+            told = [f"process {i}: " + (f"stopped unfinished after {why}" if p in unfinished else
+                                        f"exit status {p.returncode}") + "; its stderr ends:\n" + err.read_text()[-4000:]
+                    for i, (p, (_, err)) in enumerate(zip(procs, logs))]
+            pytest.fail("\n\n".join(told), pytrace=False)
+        return [json.loads(out.read_text().strip().splitlines()[-1]) for out, _ in logs]
     return run
 
 

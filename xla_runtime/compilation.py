@@ -13,6 +13,15 @@ job) reads it from there instead. JAX has one such cache per process: once a
 directory is set, asking for another is an error (``ValueError``) rather than a
 switch that would move every other user's programs in this process with it.
 
+One jaxlib release hangs with it: under jaxlib 0.12.1, a program of several
+processes on the CPU whose loop holds a collective (any multi-process
+:class:`~xla_runtime.CompiledLoop`: its gradients are summed over the hosts inside
+the loop) never returns when process 0 reads it from the cache while the others
+compile it, which is what happens the second time such a program is built, since
+only process 0 writes the cache. :func:`keep_cache_off_where_it_hangs` turns the
+cache off in such a process, with a warning; multi-process loops call it before
+their first compilation, and :func:`enable_compilation_cache` too.
+
 :class:`CompileWatch` adds up, from :mod:`jax.monitoring`'s events, what JAX
 compiled while it was open (in any thread of the process): seconds tracing,
 lowering to StableHLO and compiling with XLA (on a persistent-cache hit, the
@@ -22,14 +31,23 @@ persistent-cache hits and programs written to the cache.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
 import jax
 import jax.monitoring
+import jaxlib
 from jax.experimental.compilation_cache import compilation_cache
 
-__all__ = ["CompileWatch", "compilation_cache_dir", "enable_compilation_cache"]
+__all__ = ["CompileWatch", "compilation_cache_dir", "enable_compilation_cache", "keep_cache_off_where_it_hangs"]
+
+_log = logging.getLogger(__name__)
+
+#: jaxlib releases under which a multi-process CPU program with a collective inside a loop hangs when process 0
+#: reads it from the persistent cache and the other processes compile it (0.12.1: tests/xla_runtime/
+#: test_compilation_cache.py's two-process test; 0.12.0.1, 0.10.2 and 0.7.1 run it).
+CACHE_HANGS_MULTIPROCESS_CPU_LOOPS = frozenset({"0.12.1"})
 
 #: jax.monitoring's events (jax 0.10.2): durations in seconds, and counted events.
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
@@ -75,6 +93,35 @@ def enable_compilation_cache(directory) -> None:
         compilation_cache.reset_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if jax.distributed.is_initialized():        # else the process count is not known yet (and asking would start
+        keep_cache_off_where_it_hangs()         # the backend before jax.distributed.initialize): the loops ask
+
+
+def cache_hangs_here(jaxlib_version: str, process_count: int, platform: str) -> bool:
+    """Whether the persistent cache would hang a multi-process loop of this jaxlib, process count and platform."""
+    return jaxlib_version in CACHE_HANGS_MULTIPROCESS_CPU_LOOPS and process_count > 1 and platform == "cpu"
+
+
+_cache_hang_warned = False
+
+
+def keep_cache_off_where_it_hangs() -> bool:
+    """Turns JAX's persistent compilation cache off in this process when it is one of several on the CPU under a
+    jaxlib of :data:`CACHE_HANGS_MULTIPROCESS_CPU_LOOPS` and the cache is on, logging a warning once; True when
+    the cache is off for that reason. Every process decides alike, so none reads a program the others compile.
+    Call it after ``jax.distributed.initialize``."""
+    global _cache_hang_warned
+    if not cache_hangs_here(jaxlib.__version__, jax.process_count(), jax.default_backend()):
+        return False
+    if compilation_cache_dir() is not None and jax.config.jax_enable_compilation_cache:
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()         # JAX decided at the first compilation: it decides again
+        if not _cache_hang_warned:
+            _cache_hang_warned = True
+            _log.warning("the persistent compilation cache (%s) is off in this process: under jaxlib %s, a loop of "
+                         "several processes on the CPU hangs when process 0 reads it from the cache while the others "
+                         "compile it; jaxlib 0.12.0.1 keeps it", compilation_cache_dir(), jaxlib.__version__)
+    return True
 
 
 class CompileWatch:

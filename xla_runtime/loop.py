@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from xla_runtime.compilation import keep_cache_off_where_it_hangs
 from xla_runtime.context import in_loop, watching_step_reads
 from xla_runtime.host_calls import carrying_out, raise_host_call_error, run_after_loop
 from xla_runtime.mesh import check_divisible, make_mesh, named, replicated, state_shardings
@@ -210,6 +211,8 @@ class CompiledLoop:
         steps = _stacked_steps(batches, self.iterations)
         self._check_state(state)
         if self._jit is None:
+            if not self._single_process:
+                keep_cache_off_where_it_hangs()
             self._shardings = (state_shardings(state, self.mesh, self._state_spec), self._batch_shardings(batches))
             state_sh, batch_sh = self._shardings
             rep = replicated(self.mesh)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import xla_runtime as xr
+from xla_runtime import compilation
 
 ROOT = os.path.dirname(os.path.dirname(xr.__file__))
 
@@ -66,3 +67,28 @@ def test_compile_watch_counts_programs_and_their_seconds_while_open(jax_cache_se
     before = watch.as_dict()
     jax.jit(lambda x: jnp.cos(x) * 5)(jnp.arange(4.0))          # after the block: not counted
     assert watch.as_dict() == before
+
+
+@pytest.mark.parametrize("jaxlib_version, processes, platform, hangs", [
+    ("0.12.1", 2, "cpu", True), ("0.12.1", 1, "cpu", False), ("0.12.1", 2, "gpu", False),
+    ("0.12.0.1", 2, "cpu", False), ("0.10.2", 4, "cpu", False)])
+def test_the_cache_is_known_to_hang_only_loops_of_several_cpu_processes_under_jaxlib_0_12_1(
+        jaxlib_version, processes, platform, hangs):
+    assert compilation.cache_hangs_here(jaxlib_version, processes, platform) is hangs
+
+
+def test_where_the_cache_hangs_it_is_turned_off_with_one_warning_and_elsewhere_left_on(
+        tmp_path, jax_cache_settings, monkeypatch, caplog):
+    xr.enable_compilation_cache(tmp_path)                   # one process: kept
+    assert compilation.keep_cache_off_where_it_hangs() is False and jax.config.jax_enable_compilation_cache
+    monkeypatch.setattr(compilation, "cache_hangs_here", lambda *args: True)     # as two processes of jaxlib 0.12.1
+    monkeypatch.setattr(compilation, "_cache_hang_warned", False)
+    with caplog.at_level("WARNING", logger="xla_runtime.compilation"):
+        assert compilation.keep_cache_off_where_it_hangs() is True
+        assert compilation.keep_cache_off_where_it_hangs() is True
+    assert not jax.config.jax_enable_compilation_cache and xr.compilation_cache_dir() == str(tmp_path)
+    [record] = caplog.records
+    assert f"the persistent compilation cache ({tmp_path}) is off in this process" in record.message
+    with xr.CompileWatch() as watch:                        # and nothing is written there
+        jax.block_until_ready(jax.jit(lambda x: jnp.tan(x) * 3)(jnp.arange(3.0)))
+    assert watch.programs >= 1 and watch.cache_writes == 0 and not any(tmp_path.iterdir())
