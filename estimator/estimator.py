@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import xla_runtime as xr
+from xla_runtime.compilation import keep_cache_off_where_it_hangs
 from estimator.checkpoints.manager import Checkpoints
 from estimator.checkpoints.warm_start import warm_start
 from estimator.config import RunConfig
@@ -89,6 +90,7 @@ class Estimator:
                 xr.enable_compilation_cache(config.compilation_cache_dir)
             except ValueError as e:
                 raise InvalidArgumentError(f"RunConfig.compilation_cache_dir: {e}") from e
+        keep_cache_off_where_it_hangs()    # before init_fn's programs too (the loops ask again before theirs)
         if "://" not in config.model_dir:             # a bucket has no directories to make
             os.makedirs(config.model_dir, exist_ok=True)
         self.checkpoints = Checkpoints(config.checkpoint_directory, keep=config.keep_checkpoint_max)
