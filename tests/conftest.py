@@ -136,9 +136,9 @@ _WORKER_PREAMBLE = ("import faulthandler, os, signal, sys, traceback; "
 def run_two_processes(tmp_path):
     """``run(worker, *args, timeout=, env=)``: runs the Python source ``worker`` in two processes on 4 CPU
     devices each, with ``sys.argv[1:] == [coordinator address, process id, *args]`` (the project
-    importable; ``env``: variables to add to theirs), and returns the JSON each printed last, in process order. Both are watched at once: when
-    one fails, or ``timeout`` seconds pass, the others print their stacks and are stopped, and the test fails
-    showing every process's stderr."""
+    importable; ``env``: variables to add to theirs), and returns the JSON each printed last, in process
+    order. Both are watched at once: when one fails, or ``timeout`` seconds pass, the others print their
+    stacks and are stopped, and the test fails showing every process's stderr."""
     def run(worker: str, *args: str, timeout: float = 120, env: dict | None = None) -> list:
         with socket.socket() as s:
             s.bind(("localhost", 0))

@@ -46,7 +46,7 @@ _log = logging.getLogger(__name__)
 
 #: jaxlib releases under which a multi-process CPU program with a collective inside a loop hangs when process 0
 #: reads it from the persistent cache and the other processes compile it (0.12.1: tests/xla_runtime/
-#: test_compilation_cache.py's two-process test; 0.12.0.1, 0.10.2 and 0.7.1 run it).
+#: test_multihost.py's test of a loop compiled again; 0.12.0.1, 0.10.2 and 0.7.1 run it).
 CACHE_HANGS_MULTIPROCESS_CPU_LOOPS = frozenset({"0.12.1"})
 
 #: jax.monitoring's events (jax 0.10.2): durations in seconds, and counted events.
@@ -102,25 +102,19 @@ def cache_hangs_here(jaxlib_version: str, process_count: int, platform: str) -> 
     return jaxlib_version in CACHE_HANGS_MULTIPROCESS_CPU_LOOPS and process_count > 1 and platform == "cpu"
 
 
-_cache_hang_warned = False
-
-
 def keep_cache_off_where_it_hangs() -> bool:
     """Turns JAX's persistent compilation cache off in this process when it is one of several on the CPU under a
-    jaxlib of :data:`CACHE_HANGS_MULTIPROCESS_CPU_LOOPS` and the cache is on, logging a warning once; True when
-    the cache is off for that reason. Every process decides alike, so none reads a program the others compile.
+    jaxlib of :data:`CACHE_HANGS_MULTIPROCESS_CPU_LOOPS` and the cache is on, with a warning (once: off, it stays
+    off); True when the cache is off for that reason. Every process decides alike, so none reads a program the others compile.
     Call it after ``jax.distributed.initialize``."""
-    global _cache_hang_warned
     if not cache_hangs_here(jaxlib.__version__, jax.process_count(), jax.default_backend()):
         return False
     if compilation_cache_dir() is not None and jax.config.jax_enable_compilation_cache:
         jax.config.update("jax_enable_compilation_cache", False)
         compilation_cache.reset_cache()         # JAX decided at the first compilation: it decides again
-        if not _cache_hang_warned:
-            _cache_hang_warned = True
-            _log.warning("the persistent compilation cache (%s) is off in this process: under jaxlib %s, a loop of "
-                         "several processes on the CPU hangs when process 0 reads it from the cache while the others "
-                         "compile it; jaxlib 0.12.0.1 keeps it", compilation_cache_dir(), jaxlib.__version__)
+        _log.warning("the persistent compilation cache (%s) is off in this process: under jaxlib %s, a loop of "
+                     "several processes on the CPU hangs when process 0 reads it from the cache while the others "
+                     "compile it; jaxlib 0.12.0.1 keeps it", compilation_cache_dir(), jaxlib.__version__)
     return True
 
 

@@ -82,7 +82,6 @@ def test_where_the_cache_hangs_it_is_turned_off_with_one_warning_and_elsewhere_l
     xr.enable_compilation_cache(tmp_path)                   # one process: kept
     assert compilation.keep_cache_off_where_it_hangs() is False and jax.config.jax_enable_compilation_cache
     monkeypatch.setattr(compilation, "cache_hangs_here", lambda *args: True)     # as two processes of jaxlib 0.12.1
-    monkeypatch.setattr(compilation, "_cache_hang_warned", False)
     with caplog.at_level("WARNING", logger="xla_runtime.compilation"):
         assert compilation.keep_cache_off_where_it_hangs() is True
         assert compilation.keep_cache_off_where_it_hangs() is True
